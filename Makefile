@@ -1,0 +1,69 @@
+# gymkube developer entry points. `make help` lists them.
+SHELL := /usr/bin/env bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3.11
+VENV := .venv
+UV_VERSION := 0.13.9
+UV := $(VENV)/bin/uv
+PY := $(VENV)/bin/python
+TOOLS_CACHE ?= $(HOME)/.cache/gymkube
+LOCK := requirements/dev.lock
+PYPKGS := images/envserver/src/gymkube_envserver agentloop/src/gymkube_agentloop operator/src/gymkube_operator
+
+##@ General
+
+.PHONY: help
+help: ## Show this help.
+	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make \033[36m<target>\033[0m\n"} \
+	  /^[a-zA-Z_0-9-]+:.*?##/ { printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2 } \
+	  /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
+
+##@ Development
+
+$(VENV)/.installed: $(LOCK) images/envserver/pyproject.toml agentloop/pyproject.toml operator/pyproject.toml
+	@command -v java >/dev/null || { echo "installing Java 17 for ScienceWorld"; apt-get update -qq && apt-get install -y -qq default-jre-headless; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	test -x $(UV) || $(VENV)/bin/pip install -q uv==$(UV_VERSION)
+	$(UV) pip install -p $(PY) -r $(LOCK)
+	touch $@
+
+.PHONY: install
+install: $(VENV)/.installed ## Create .venv with the three packages (editable) and their pinned test deps.
+
+.PHONY: lock
+lock: ## Re-pin Python dependencies into requirements/dev.lock after editing a pyproject.
+	test -x $(UV) || { $(PYTHON) -m venv $(VENV) && $(VENV)/bin/pip install -q uv==$(UV_VERSION); }
+	$(UV) pip compile --python 3.11 --python-platform x86_64-manylinux_2_28 -q requirements/dev.in -o $(LOCK)
+
+.PHONY: lint
+lint: install ## ruff and mypy (strict on our packages).
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+.PHONY: fmt
+fmt: install ## Apply ruff fixes and formatting.
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+##@ Tools (built from the Go module proxy into $(TOOLS_CACHE))
+
+.PHONY: tools
+tools: ## Build the pinned Kubernetes binaries, etcd, helm and kustomize (cached; seconds when warm).
+	hack/build-tools.sh
+
+##@ Tests
+
+.PHONY: test-unit
+test-unit: install ## Unit tier: pure code and in-process servers with real envs.
+	$(PY) -m pytest -m unit tests/unit
+
+.PHONY: test-integration
+test-integration: install tools ## Integration tier: the operator against a real kube-apiserver.
+	$(PY) -m pytest -m integration tests/integration
+
+.PHONY: test
+test: install tools ## Every tier this machine can run (the README's test command).
+	$(PY) -m pytest tests

@@ -1,0 +1,1 @@
+"""gymkube verl AgentLoop and env-pool client."""

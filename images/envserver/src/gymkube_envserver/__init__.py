@@ -1,0 +1,1 @@
+"""gymkube env server and session router."""

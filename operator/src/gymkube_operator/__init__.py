@@ -1,0 +1,1 @@
+"""gymkube Kubernetes operator."""
