@@ -1,0 +1,442 @@
+"""``gymkube-router``: one URL for a pool of env servers.
+
+Stateless: a session id names its backend (see ``router_pool``), so any replica routes any
+session. Request and response bodies pass through as bytes; only the ``id`` is parsed and
+rewritten, which keeps the router's own CPU per step small.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+from multidict import CIMultiDict
+from pydantic import BaseModel, ValidationError
+
+from gymkube_envserver.router_metrics import RouterMetrics
+from gymkube_envserver.router_pool import Backend, Pool, RoutingError, session_lost
+from gymkube_envserver.router_settings import RouterSettings
+from gymkube_envserver.wire import ERROR_STATUS, RETRY_AFTER_CODES, ErrorCode, error_body
+
+log = logging.getLogger("gymkube.router")
+
+JSON = "application/json"
+_REQUEST_HEADERS = {"Content-Type": JSON}
+# Backend responses that carry the session id and therefore need it rewritten.
+_ID_RESPONSES = frozenset({"/create", "/reset", "/close", "/detail", "/observation"})
+# Endpoints served by the router itself or not tied to a session.
+_POOL_ENDPOINTS = frozenset({"/healthz", "/readyz", "/status", "/metrics", "/tasks", "/create"})
+
+
+class BackendView(BaseModel):
+    address: str
+    state: str
+    capacity: int
+    active: int
+    warm: int
+    draining: bool
+    ready: bool
+    served: int
+    placed: int
+    errors: int
+    lost: int
+    last_error: str | None
+    last_poll_age_s: float | None
+
+
+class RouterStatus(BaseModel):
+    """The pool as one router replica sees it; totals count backends that take sessions."""
+
+    ready: bool
+    capacity: int
+    active: int
+    warm: int
+    free: int
+    backends_ready: int
+    backends_total: int
+    placed: int
+    errors: int
+    lost: int
+    backends: list[BackendView]
+
+
+Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+
+
+def _json_response(
+    status: int, payload: Any, headers: Mapping[str, str] | None = None
+) -> web.Response:
+    return web.Response(
+        body=orjson.dumps(payload), status=status, content_type=JSON, headers=headers
+    )
+
+
+def _error(error: RoutingError, retry_after: int) -> web.Response:
+    headers = {"Retry-After": str(retry_after)} if error.code in RETRY_AFTER_CODES else None
+    return _json_response(ERROR_STATUS[error.code], error_body(error.code, error.message), headers)
+
+
+class Router:
+    def __init__(self, settings: RouterSettings) -> None:
+        self.settings = settings
+        self._http: aiohttp.ClientSession | None = None
+        self._pool: Pool | None = None
+        self._metrics: RouterMetrics | None = None
+        self._request_timeout = aiohttp.ClientTimeout(
+            total=settings.request_timeout, sock_connect=settings.connect_timeout
+        )
+        self._routes: dict[tuple[str, str], Handler] = {
+            ("GET", "/healthz"): self._healthz,
+            ("GET", "/readyz"): self._readyz,
+            ("GET", "/status"): self._status,
+            ("GET", "/metrics"): self._metrics_text,
+            ("GET", "/tasks"): self._tasks,
+            ("POST", "/create"): self._create,
+        }
+
+    @property
+    def pool(self) -> Pool:
+        assert self._pool is not None, "router not started"
+        return self._pool
+
+    @property
+    def metrics(self) -> RouterMetrics:
+        assert self._metrics is not None, "router not started"
+        return self._metrics
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(
+            limit=self.settings.max_connections,
+            limit_per_host=0,
+            keepalive_timeout=self.settings.keepalive_timeout,
+            ttl_dns_cache=None,
+        )
+        self._http = aiohttp.ClientSession(
+            connector=connector,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent", "Accept-Encoding"),
+            timeout=self._request_timeout,
+        )
+        self._pool = Pool(self.settings, self._http)
+        self._metrics = RouterMetrics(self._pool)
+        await self._pool.start()
+
+    async def stop(self) -> None:
+        if self._pool is not None:
+            await self._pool.stop()
+        if self._http is not None:
+            await self._http.close()
+
+    # -- dispatch --------------------------------------------------------------------------
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        started = time.perf_counter()
+        path = request.path
+        handler = self._routes.get((request.method, path))
+        try:
+            if handler is not None:
+                response = await handler(request)
+            elif request.method == "POST":
+                response = await self._route_body(request, path)
+            elif request.method == "GET":
+                response = await self._route_query(request, path)
+            else:
+                response = _json_response(
+                    405, error_body(ErrorCode.METHOD_NOT_ALLOWED, f"{request.method} {path}")
+                )
+        except RoutingError as exc:
+            response = _error(exc, self.settings.retry_after)
+        except Exception:
+            log.exception("router failed on %s %s", request.method, path)
+            response = _json_response(
+                500, error_body(ErrorCode.INTERNAL, "the router failed; see its log")
+            )
+        upstream = request.get("upstream_seconds", 0.0)
+        self.metrics.observe(
+            path if path in _KNOWN_ENDPOINTS else "other",
+            response.status,
+            time.perf_counter() - started - upstream,
+        )
+        return response
+
+    # -- session-scoped endpoints ----------------------------------------------------------
+
+    async def _route_body(self, request: web.BaseRequest, path: str) -> web.StreamResponse:
+        body = await request.read()
+        try:
+            message = orjson.loads(body)
+            session_id = message["id"]
+        except (orjson.JSONDecodeError, TypeError, KeyError):
+            raise RoutingError(
+                ErrorCode.BAD_REQUEST, 'expected a JSON object with an "id"'
+            ) from None
+        if not isinstance(session_id, str):
+            raise RoutingError(ErrorCode.SESSION_NOT_FOUND, f"unknown session {session_id!r}")
+        backend, backend_id = await self.pool.lookup(session_id)
+        message["id"] = backend_id
+        status, payload, headers = await self._forward(
+            request, backend, "POST", path, orjson.dumps(message)
+        )
+        if path == "/close" and status < 300:
+            self.pool.closed(backend)
+        return self._respond(backend, path, status, payload, headers)
+
+    async def _route_query(self, request: web.BaseRequest, path: str) -> web.StreamResponse:
+        session_id = request.query.get("id")
+        if session_id is None:
+            raise RoutingError(ErrorCode.NOT_FOUND, f"no endpoint GET {path} without ?id=")
+        backend, backend_id = await self.pool.lookup(session_id)
+        query = CIMultiDict(request.query)
+        query["id"] = backend_id
+        status, payload, headers = await self._forward(request, backend, "GET", path, None, query)
+        return self._respond(backend, path, status, payload, headers)
+
+    def _respond(
+        self, backend: Backend, path: str, status: int, payload: bytes, headers: dict[str, str]
+    ) -> web.Response:
+        if status < 300 and path in _ID_RESPONSES:
+            payload = _rewrite_id(backend, payload)
+        return web.Response(body=payload, status=status, headers=headers)
+
+    async def _forward(
+        self,
+        request: web.BaseRequest,
+        backend: Backend,
+        method: str,
+        path: str,
+        body: bytes | None,
+        query: Mapping[str, str] | None = None,
+    ) -> tuple[int, bytes, dict[str, str]]:
+        """One backend call; a backend that is gone becomes ``session_lost``."""
+        assert self._http is not None
+        task: asyncio.Task[Any] | None = asyncio.current_task()
+        assert task is not None
+        backend.inflight.add(task)
+        sent = time.perf_counter()
+        try:
+            # A reset on a pooled connection may be the backend closing it while idle; one
+            # retry on a fresh connection tells that apart from a dead server (refused).
+            for attempt in (1, 2):
+                try:
+                    async with self._http.request(
+                        method,
+                        backend.url(path),
+                        params=query,
+                        data=body,
+                        headers=_REQUEST_HEADERS,
+                    ) as response:
+                        payload = await response.read()
+                        headers = _passed_headers(response.headers)
+                        return response.status, payload, headers
+                except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError):
+                    backend.errors += 1
+                    break
+                except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                    backend.errors += 1
+                    if attempt == 2 or backend.dead:
+                        break
+                except TimeoutError:
+                    raise RoutingError(
+                        ErrorCode.ENV_FAILURE,
+                        f"env server {backend.address} took over {self.settings.request_timeout}s",
+                    ) from None
+            backend.lost += 1
+            raise session_lost(backend)
+        except asyncio.CancelledError:
+            # The pool cancels in-flight calls of a backend it found dead.
+            if not backend.dead:
+                raise
+            task.uncancel()
+            backend.lost += 1
+            raise session_lost(backend) from None
+        finally:
+            backend.inflight.discard(task)
+            request["upstream_seconds"] = request.get("upstream_seconds", 0.0) + (
+                time.perf_counter() - sent
+            )
+
+    # -- pool endpoints --------------------------------------------------------------------
+
+    async def _create(self, request: web.BaseRequest) -> web.StreamResponse:
+        body = await request.read()
+        pool = self.pool
+        deadline = time.monotonic() + self.settings.create_wait
+        refused: set[Backend] = set()
+        waited = False
+        while True:
+            backend = pool.pick(refused)
+            if backend is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self.metrics.pool_full += 1
+                    raise RoutingError(
+                        ErrorCode.AT_CAPACITY, "every env server in the pool is full or not ready"
+                    )
+                if not waited:
+                    waited = True
+                    self.metrics.create_waits += 1
+                await pool.wait_for_room(remaining)
+                refused.clear()
+                continue
+            backend.unreported += 1
+            try:
+                status, payload, headers = await self._forward(
+                    request, backend, "POST", "/create", body
+                )
+            except RoutingError as exc:
+                if exc.code is not ErrorCode.SESSION_LOST:
+                    raise
+                backend.unreported -= 1
+                refused.add(backend)
+                continue
+            if status == 503:
+                backend.unreported -= 1
+                pool.mark_full(backend)
+                refused.add(backend)
+                continue
+            if status >= 300:
+                backend.unreported -= 1
+                return web.Response(body=payload, status=status, headers=headers)
+            backend.placed += 1
+            return self._respond(backend, "/create", status, payload, headers)
+
+    async def _tasks(self, request: web.BaseRequest) -> web.StreamResponse:
+        backend = self.pool.any_ready()
+        if backend is None:
+            raise RoutingError(ErrorCode.AT_CAPACITY, "no env server in the pool is ready")
+        status, payload, headers = await self._forward(request, backend, "GET", "/tasks", None)
+        return web.Response(body=payload, status=status, headers=headers)
+
+    async def _healthz(self, request: web.BaseRequest) -> web.StreamResponse:
+        return _json_response(200, {"status": "ok"})
+
+    async def _readyz(self, request: web.BaseRequest) -> web.StreamResponse:
+        ready = self.pool.any_ready() is not None
+        reason = "at least one env server takes sessions" if ready else "no ready env server"
+        return _json_response(200 if ready else 503, {"ready": ready, "reason": reason})
+
+    async def _status(self, request: web.BaseRequest) -> web.StreamResponse:
+        return web.Response(body=self.status().model_dump_json().encode(), content_type=JSON)
+
+    async def _metrics_text(self, request: web.BaseRequest) -> web.StreamResponse:
+        return web.Response(
+            body=self.metrics.exposition(),
+            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+        )
+
+    def status(self) -> RouterStatus:
+        now = time.time()
+        views = [_backend_view(backend, now) for backend in self.pool.backends.values()]
+        taking = [view for view in views if view.state == "ready"]
+        return RouterStatus(
+            ready=bool(taking),
+            capacity=sum(view.capacity for view in taking),
+            active=sum(view.active for view in taking),
+            warm=sum(view.warm for view in taking),
+            free=sum(
+                max(0, backend.free) for backend in self.pool.backends.values() if backend.placeable
+            ),
+            backends_ready=len(taking),
+            backends_total=len(views),
+            placed=sum(view.placed for view in views),
+            errors=sum(view.errors for view in views),
+            lost=sum(view.lost for view in views),
+            backends=views,
+        )
+
+
+_KNOWN_ENDPOINTS = frozenset(
+    {*_POOL_ENDPOINTS, "/reset", "/step", "/close", "/observation", "/detail"}
+)
+
+
+def _backend_view(backend: Backend, now: float) -> BackendView:
+    status = backend.status
+    return BackendView(
+        address=backend.address,
+        state=backend.state,
+        capacity=status.capacity if status else 0,
+        active=status.active if status else 0,
+        warm=status.warm if status else 0,
+        draining=status.draining if status else False,
+        ready=backend.placeable,
+        served=status.served if status else 0,
+        placed=backend.placed,
+        errors=backend.errors,
+        lost=backend.lost,
+        last_error=backend.last_error,
+        last_poll_age_s=None if backend.last_poll_at is None else now - backend.last_poll_at,
+    )
+
+
+def _passed_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    passed = {"Content-Type": headers.get("Content-Type", JSON)}
+    retry_after = headers.get("Retry-After")
+    if retry_after is not None:
+        passed["Retry-After"] = retry_after
+    return passed
+
+
+def _rewrite_id(backend: Backend, payload: bytes) -> bytes:
+    try:
+        message = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return payload
+    if isinstance(message, dict) and isinstance(message.get("id"), str):
+        message["id"] = backend.session_id(message["id"])
+        return orjson.dumps(message)
+    return payload
+
+
+# -- entry point -----------------------------------------------------------------------------
+
+
+async def serve(settings: RouterSettings, started: asyncio.Event | None = None) -> None:
+    """Run the router until cancelled."""
+    router = Router(settings)
+    await router.start()
+    server = web.Server(router.handle, access_log=None)
+    runner = web.ServerRunner(server)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port, reuse_address=True)
+    await site.start()
+    log.info("gymkube-router listening on %s:%d", settings.host, settings.port)
+    if started is not None:
+        started.set()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+        await router.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        settings = RouterSettings(_cli_parse_args=sys.argv[1:] if argv is None else argv)
+    except ValidationError as exc:
+        for error in exc.errors():
+            where = ".".join(str(part) for part in error["loc"]) or "settings"
+            print(f"gymkube-router: {where}: {error['msg']}", file=sys.stderr)
+        raise SystemExit(2) from None
+    try:
+        import uvloop
+    except ImportError:
+        runner = asyncio.Runner()
+    else:
+        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+    with runner:
+        runner.run(serve(settings))

@@ -1,0 +1,322 @@
+"""The router's view of its env servers: addresses, polled load, placement and session ids.
+
+A session id the client sees is ``<token>.<backend id>``, where the token is the backend's
+``host:port`` in unpadded urlsafe base64. Every router replica derives the same token from the
+same address, so any replica routes any session and a restart loses nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import aiohttp
+from pydantic import ValidationError
+from yarl import URL
+
+from gymkube_envserver.router_settings import RouterSettings
+from gymkube_envserver.wire import ErrorCode, StatusResponse
+
+log = logging.getLogger("gymkube.router")
+
+
+class RoutingError(Exception):
+    """A request the router answers itself, with a wire error code."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def session_lost(backend: Backend) -> RoutingError:
+    return RoutingError(
+        ErrorCode.SESSION_LOST, f"the env server holding this session ({backend.address}) is gone"
+    )
+
+
+def address_token(address: str) -> str:
+    return base64.urlsafe_b64encode(address.encode()).rstrip(b"=").decode()
+
+
+def token_address(token: str) -> str | None:
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        return raw.decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return None
+
+
+@dataclass(eq=False)
+class Backend:
+    """One env server as this replica sees it."""
+
+    address: str
+    token: str = field(init=False)
+    base_url: URL = field(init=False)
+    status: StatusResponse | None = None
+    # Known unreachable: its sessions answer 410 until a poll succeeds again.
+    dead: bool = False
+    # Gone from DNS: gets no new sessions, dropped at its first failed poll.
+    retired: bool = False
+    failures: int = 0
+    last_error: str | None = None
+    last_poll_at: float | None = None
+    # Sessions placed minus sessions closed through this replica since the last poll answer.
+    unreported: int = 0
+    placed: int = 0
+    errors: int = 0
+    lost: int = 0
+    inflight: set[asyncio.Task[object]] = field(default_factory=set)
+    _urls: dict[str, URL] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.token = address_token(self.address)
+        self.base_url = URL(f"http://{self.address}")
+
+    def url(self, path: str) -> URL:
+        cached = self._urls.get(path)
+        if cached is None:
+            cached = self._urls[path] = self.base_url.with_path(path)
+        return cached
+
+    @property
+    def free(self) -> int:
+        if self.status is None:
+            return 0
+        return self.status.capacity - self.status.active - self.unreported
+
+    @property
+    def placeable(self) -> bool:
+        status = self.status
+        return (
+            status is not None
+            and status.ready
+            and not status.draining
+            and not self.dead
+            and not self.retired
+        )
+
+    @property
+    def state(self) -> str:
+        if self.dead:
+            return "dead"
+        if self.status is None:
+            return "unknown"
+        if self.retired:
+            return "retired"
+        if self.status.draining:
+            return "draining"
+        return "ready" if self.status.ready else "unready"
+
+    def session_id(self, backend_id: str) -> str:
+        return f"{self.token}.{backend_id}"
+
+
+class Pool:
+    """Backends, their polled status and this replica's placements."""
+
+    def __init__(self, settings: RouterSettings, http: aiohttp.ClientSession) -> None:
+        self._settings = settings
+        self._http = http
+        self.backends: dict[str, Backend] = {}
+        self._by_token: dict[str, Backend] = {}
+        self._pollers: dict[str, asyncio.Task[None]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._room = asyncio.Event()
+        self._resolved = asyncio.Event()
+        self._resolve_now = asyncio.Event()
+        self._poll_timeout = aiohttp.ClientTimeout(
+            total=settings.poll_timeout, sock_connect=settings.connect_timeout
+        )
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._settings.backends_dns:
+            self._tasks.append(asyncio.create_task(self._resolve_loop(self._settings.backends_dns)))
+        else:
+            self._set_addresses(self._settings.backends)
+
+    async def stop(self) -> None:
+        tasks = [*self._tasks, *self._pollers.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- session ids -----------------------------------------------------------------------
+
+    async def lookup(self, session_id: str) -> tuple[Backend, str]:
+        """The backend holding a session and the backend's own id for it."""
+        token, sep, backend_id = session_id.partition(".")
+        backend = self._by_token.get(token)
+        if backend is None:
+            if not sep or not backend_id:
+                raise RoutingError(ErrorCode.SESSION_NOT_FOUND, f"unknown session {session_id!r}")
+            backend = await self._unknown_token(token, session_id)
+        if backend.dead:
+            backend.lost += 1
+            raise session_lost(backend)
+        return backend, backend_id
+
+    async def _unknown_token(self, token: str, session_id: str) -> Backend:
+        address = token_address(token)
+        if address is None or ":" not in address:
+            raise RoutingError(ErrorCode.SESSION_NOT_FOUND, f"unknown session {session_id!r}")
+        if self._settings.backends_dns:
+            # Another replica may have seen this backend in DNS before we did.
+            self._resolve_now.set()
+            self._resolved.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._resolved.wait(), self._settings.connect_timeout)
+            backend = self._by_token.get(token)
+            if backend is not None:
+                return backend
+        raise RoutingError(
+            ErrorCode.SESSION_LOST,
+            f"the env server holding this session ({address}) is not in the pool any more",
+        )
+
+    # -- placement -------------------------------------------------------------------------
+
+    def pick(self, exclude: set[Backend]) -> Backend | None:
+        """The placeable backend with the most free slots, warm envs breaking ties."""
+        best: Backend | None = None
+        best_key = (0, 0)
+        for backend in self.backends.values():
+            if backend in exclude or not backend.placeable:
+                continue
+            key = (backend.free, backend.status.warm if backend.status else 0)
+            if key[0] > 0 and (best is None or key > best_key):
+                best, best_key = backend, key
+        return best
+
+    def mark_full(self, backend: Backend) -> None:
+        """A backend refused a /create: treat it as full until its next poll says otherwise."""
+        if backend.status is not None:
+            backend.unreported = backend.status.capacity - backend.status.active
+
+    def closed(self, backend: Backend) -> None:
+        backend.unreported -= 1
+        self._wake()
+
+    async def wait_for_room(self, seconds: float) -> None:
+        room = self._room
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(room.wait(), seconds)
+
+    def _wake(self) -> None:
+        self._room.set()
+        self._room = asyncio.Event()
+
+    def any_ready(self) -> Backend | None:
+        for backend in self.backends.values():
+            if backend.placeable:
+                return backend
+        return None
+
+    # -- membership ------------------------------------------------------------------------
+
+    def _set_addresses(self, addresses: Iterable[str]) -> None:
+        wanted = set(addresses)
+        for address in wanted - self.backends.keys():
+            backend = Backend(address)
+            self.backends[address] = backend
+            self._by_token[backend.token] = backend
+            self._pollers[address] = asyncio.create_task(self._poll_loop(backend))
+            log.info("backend %s joined", address)
+        for address in self.backends.keys() - wanted:
+            backend = self.backends[address]
+            if not backend.retired:
+                backend.retired = True
+                log.info("backend %s left DNS; routing its sessions while it answers", address)
+        for address in wanted:
+            self.backends[address].retired = False
+
+    def _drop(self, backend: Backend) -> None:
+        self.backends.pop(backend.address, None)
+        self._by_token.pop(backend.token, None)
+        self._lose(backend, "left the pool")
+        poller = self._pollers.pop(backend.address, None)
+        if poller is not None and poller is not asyncio.current_task():
+            poller.cancel()
+
+    def _lose(self, backend: Backend, why: str) -> None:
+        if not backend.dead:
+            log.warning("backend %s %s; its sessions are lost", backend.address, why)
+        backend.dead = True
+        for task in list(backend.inflight):
+            task.cancel()
+
+    async def _resolve_loop(self, target: str) -> None:
+        host, _, port = target.rpartition(":")
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                infos = await loop.getaddrinfo(
+                    host, int(port), family=socket.AF_INET, type=socket.SOCK_STREAM
+                )
+                self._set_addresses(f"{info[4][0]}:{port}" for info in infos)
+            except OSError as exc:
+                # NXDOMAIN when the headless Service has no endpoints: every backend is gone.
+                log.warning("resolving %s failed: %s", host, exc)
+                self._set_addresses(())
+            self._resolved.set()
+            self._resolve_now.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._resolve_now.wait(), self._settings.dns_interval)
+
+    # -- polling ---------------------------------------------------------------------------
+
+    async def _poll_loop(self, backend: Backend) -> None:
+        while True:
+            started = time.monotonic()
+            await self.poll(backend)
+            if backend.address not in self.backends:
+                return
+            elapsed = time.monotonic() - started
+            await asyncio.sleep(max(0.0, self._settings.poll_interval - elapsed))
+
+    async def poll(self, backend: Backend) -> None:
+        """Fetch one backend's /status and update what placement and routing know of it."""
+        unreported_before = backend.unreported
+        try:
+            async with self._http.get(
+                backend.url("/status"), timeout=self._poll_timeout
+            ) as response:
+                payload = await response.read()
+                if response.status != 200:
+                    raise ValueError(f"/status answered {response.status}")
+            status = StatusResponse.model_validate_json(payload)
+        except (aiohttp.ClientError, TimeoutError, ValueError, ValidationError) as exc:
+            self._poll_failed(backend, exc)
+            return
+        # Placements made after the poll was sent are not in its answer yet.
+        backend.unreported -= unreported_before
+        backend.status = status
+        backend.failures = 0
+        backend.last_error = None
+        backend.last_poll_at = time.time()
+        if backend.dead:
+            log.info("backend %s answers again", backend.address)
+            backend.dead = False
+        if backend.free > 0 and backend.placeable:
+            self._wake()
+
+    def _poll_failed(self, backend: Backend, exc: BaseException) -> None:
+        backend.failures += 1
+        backend.last_error = f"{type(exc).__name__}: {exc}"
+        if backend.retired:
+            self._drop(backend)
+        elif isinstance(exc, aiohttp.ClientConnectorError) or (
+            backend.failures >= self._settings.dead_after
+        ):
+            # Refused means nothing listens, so whatever sessions it held are gone.
+            self._lose(backend, f"does not answer ({backend.last_error})")
