@@ -1,1 +1,3 @@
 """gymkube env server and session router."""
+
+__version__ = "0.1.0"

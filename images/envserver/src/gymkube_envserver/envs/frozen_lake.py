@@ -1,0 +1,226 @@
+"""Text FrozenLake: seeded solvable maps, a text grid, ``<action>up</action>`` moves.
+
+The map for an episode comes from ``(size, p, seed)``; ``seed`` is ``env_config["seed"]``, else
+the reset's ``seed``, else its ``data_idx``. Moves are deterministic; off-grid moves stay put.
+Reaching G scores 1 and ends the episode; a hole or the step limit ends it with 0. A reply that is
+not exactly one move is answered with an observation saying why, and counts as a step.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import deque
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gymkube_envserver.envs.base import (
+    EnvBackend,
+    EnvInputError,
+    EnvInstance,
+    ResetOutcome,
+    ResetParams,
+    StepOutcome,
+)
+from gymkube_envserver.wire import ScoreScale, TaskInfo, TasksResponse
+
+TASK_COUNT = 10_000
+SPLIT_BOUNDS = {"train": (0, 8_000), "dev": (8_000, 9_000), "test": (9_000, 10_000)}
+MAP_ATTEMPTS = 10_000
+MOVES: dict[str, tuple[int, int]] = {
+    "up": (-1, 0),
+    "down": (1, 0),
+    "left": (0, -1),
+    "right": (0, 1),
+}
+ACTION_TAG = re.compile(r"<action>(.*?)</action>", re.IGNORECASE | re.DOTALL)
+HOW_TO_REPLY = (
+    "Reply with one move: <action>up</action>, <action>down</action>, "
+    "<action>left</action> or <action>right</action>."
+)
+
+
+class FrozenLakeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    size: int = Field(default=4, ge=2, le=16, description="The lake is size x size.")
+    p: float = Field(default=0.8, ge=0.3, le=1.0, description="Chance a cell is safe ice.")
+    seed: int | None = Field(default=None, description="Map seed; overrides data_idx.")
+    max_steps: int = Field(default=20, ge=1, le=1_000, description="Replies per episode.")
+
+
+def parse_config(env_config: dict[str, Any]) -> FrozenLakeConfig:
+    try:
+        return FrozenLakeConfig.model_validate(env_config)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in err['loc']) or 'env_config'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise EnvInputError(f"invalid frozen_lake env_config: {problems}") from None
+
+
+def generate_map(size: int, p: float, seed: int) -> list[list[str]]:
+    """A size x size map with one S and one G joined by a hole-free path (deterministic in seed)."""
+    rng = random.Random(f"frozen_lake/{size}/{p}/{seed}")
+    cells = [(row, col) for row in range(size) for col in range(size)]
+    for _ in range(MAP_ATTEMPTS):
+        grid = [["F" if rng.random() < p else "H" for _ in range(size)] for _ in range(size)]
+        start, goal = rng.sample(cells, 2)
+        grid[start[0]][start[1]] = "S"
+        grid[goal[0]][goal[1]] = "G"
+        if _reachable(grid, start, goal):
+            return grid
+    raise EnvInputError(f"no solvable {size}x{size} map with p={p}; raise p")
+
+
+def _reachable(grid: list[list[str]], start: tuple[int, int], goal: tuple[int, int]) -> bool:
+    size = len(grid)
+    seen = {start}
+    queue = deque([start])
+    while queue:
+        row, col = queue.popleft()
+        if (row, col) == goal:
+            return True
+        for d_row, d_col in MOVES.values():
+            nxt = (row + d_row, col + d_col)
+            inside = 0 <= nxt[0] < size and 0 <= nxt[1] < size
+            if inside and nxt not in seen and grid[nxt[0]][nxt[1]] != "H":
+                seen.add(nxt)
+                queue.append(nxt)
+    return False
+
+
+def parse_move(reply: str) -> tuple[str | None, str]:
+    """The move in a reply, or None and why the reply was rejected."""
+    tags = ACTION_TAG.findall(reply)
+    if not tags:
+        return None, "no <action>...</action> tag found"
+    if len(tags) > 1:
+        return None, f"{len(tags)} <action> tags found; send exactly one"
+    move = tags[0].strip().lower()
+    if move not in MOVES:
+        shown = move if len(move) <= 40 else move[:40] + "..."
+        return None, f"{shown!r} is not a move"
+    return move, ""
+
+
+class FrozenLakeInstance(EnvInstance):
+    def __init__(self, env_config: dict[str, Any]) -> None:
+        self._config = parse_config(env_config)
+        self._grid: list[list[str]] = []
+        self._pos = (0, 0)
+        self._steps = 0
+        self._done = True
+
+    async def reset(self, params: ResetParams) -> ResetOutcome:
+        config = parse_config({**self._config.model_dump(exclude_none=True), **params.env_config})
+        seed = config.seed
+        if seed is None:
+            seed = params.seed if params.seed is not None else (params.data_idx or 0)
+        self._config = config
+        self._grid = generate_map(config.size, config.p, seed)
+        self._pos = next(
+            (row, col)
+            for row, line in enumerate(self._grid)
+            for col, cell in enumerate(line)
+            if cell == "S"
+        )
+        self._steps = 0
+        self._done = False
+        size = config.size
+        task = (
+            f"FrozenLake {size}x{size}: walk from S to the goal G without stepping into a hole H. "
+            f"F is safe ice, P marks you. You have {config.max_steps} replies. {HOW_TO_REPLY}"
+        )
+        return ResetOutcome(
+            observation=self._view("You stand on the start."),
+            reward=0.0,
+            score=0.0,
+            done=False,
+            info=self._info(valid=True, outcome=None) | {"seed": seed},
+            task_description=task,
+        )
+
+    async def step(self, action: str) -> StepOutcome:
+        self._steps += 1
+        move, why = parse_move(action)
+        if move is None:
+            return self._outcome(f"Invalid reply: {why}. {HOW_TO_REPLY}", valid=False, reached="")
+        d_row, d_col = MOVES[move]
+        size = len(self._grid)
+        row, col = self._pos[0] + d_row, self._pos[1] + d_col
+        if not (0 <= row < size and 0 <= col < size):
+            return self._outcome(f"You moved {move} into the edge and stayed put.", True, "")
+        self._pos = (row, col)
+        cell = self._grid[row][col]
+        text = f"You moved {move}."
+        if cell == "H":
+            return self._outcome(f"{text} You fell into a hole. Episode over.", True, "hole")
+        if cell == "G":
+            return self._outcome(f"{text} You reached the goal. Episode over.", True, "goal")
+        return self._outcome(text, True, "")
+
+    async def close(self) -> None:
+        self._grid = []
+
+    def _outcome(self, text: str, valid: bool, reached: str) -> StepOutcome:
+        outcome = reached or None
+        if outcome is None and self._steps >= self._config.max_steps:
+            outcome = "step_limit"
+            text += f" Step limit of {self._config.max_steps} reached. Episode over."
+        self._done = outcome is not None
+        reward = 1.0 if outcome == "goal" else 0.0
+        return StepOutcome(
+            observation=self._view(text),
+            reward=reward,
+            score=reward,
+            done=self._done,
+            info=self._info(valid=valid, outcome=outcome),
+        )
+
+    def _view(self, headline: str) -> str:
+        rows = []
+        for r, line in enumerate(self._grid):
+            cells = [
+                "P" if (r, c) == self._pos and cell != "G" else cell for c, cell in enumerate(line)
+            ]
+            rows.append(" ".join(cells))
+        left = self._config.max_steps - self._steps
+        where = f"You are at row {self._pos[0] + 1}, column {self._pos[1] + 1}."
+        tail = "" if self._done else f" Replies left: {left}."
+        return f"{headline}\n" + "\n".join(rows) + f"\n{where}{tail}"
+
+    def _info(self, valid: bool, outcome: str | None) -> dict[str, Any]:
+        return {
+            "valid": valid,
+            "outcome": outcome,
+            "steps": self._steps,
+            "row": self._pos[0],
+            "col": self._pos[1],
+        }
+
+
+class FrozenLakeBackend(EnvBackend):
+    name = "frozen_lake"
+    canary_action = "<action>right</action>"
+
+    def __init__(self) -> None:
+        self._tasks = TasksResponse(
+            env=self.name,
+            count=TASK_COUNT,
+            score_scale=ScoreScale(min=0.0, max=1.0),
+            task_names=["frozen_lake"],
+            tasks=[TaskInfo(name="frozen_lake", first_idx=0, count=TASK_COUNT)],
+            splits={name: list(range(lo, hi)) for name, (lo, hi) in SPLIT_BOUNDS.items()},
+        )
+
+    def check_config(self, env_config: dict[str, Any]) -> None:
+        parse_config(env_config)
+
+    async def start(self, env_config: dict[str, Any]) -> EnvInstance:
+        return FrozenLakeInstance(env_config)
+
+    def tasks(self) -> TasksResponse:
+        return self._tasks

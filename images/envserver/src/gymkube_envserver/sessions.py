@@ -1,0 +1,317 @@
+"""Sessions, the warm pool, capacity, idle reaping and draining: everything between HTTP and env."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections import OrderedDict, deque
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from gymkube_envserver.envs.base import (
+    EnvBackend,
+    EnvInputError,
+    EnvInstance,
+    EnvLostError,
+    ResetOutcome,
+    ResetParams,
+    StepOutcome,
+)
+from gymkube_envserver.errors import ApiError
+from gymkube_envserver.settings import ServerSettings
+from gymkube_envserver.wire import ErrorCode
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+CLOSED_IDS_KEPT = 10_000
+"""How many closed ids are remembered, so their errors say "closed" rather than "unknown"."""
+WARM_RETRY_S = 2.0
+
+
+@dataclass(eq=False)
+class Session:
+    id: str
+    instance: EnvInstance
+    env_config: dict[str, Any]
+    created_at: float = field(default_factory=time.time)
+    last_active_at: float = field(default_factory=time.time)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    started: bool = False
+    done: bool = False
+    data_idx: int | None = None
+    task_description: str | None = None
+    observation: str | None = None
+    reward: float = 0.0
+    score: float = 0.0
+    steps: int = 0
+    episodes: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def record(self, outcome: StepOutcome) -> None:
+        self.observation = outcome.observation
+        self.reward = outcome.reward
+        self.score = outcome.score
+        self.done = outcome.done
+        self.info = outcome.info
+
+
+def describe_failure(exc: BaseException) -> str:
+    text = str(exc).strip() or "no message"
+    return f"{type(exc).__name__}: {text[:500]}"
+
+
+class SessionManager:
+    """Owns every env instance: open sessions and the warm pool of pre-started ones."""
+
+    def __init__(self, backend: EnvBackend, settings: ServerSettings) -> None:
+        self.backend = backend
+        self.settings = settings
+        self.sessions: dict[str, Session] = {}
+        self.warm: deque[EnvInstance] = deque()
+        self.served = 0
+        self.draining = False
+        self.prepared = False
+        self.warmed_event = asyncio.Event()
+        self._closed: OrderedDict[str, str] = OrderedDict()
+        self._creating = 0
+        self._warm_starting = 0
+        self._refill = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closing: set[asyncio.Task[None]] = set()
+
+    # lifecycle
+
+    async def start(self) -> None:
+        """Prepare the backend and begin filling the warm pool (readiness follows)."""
+        self._tasks.append(asyncio.create_task(self._prepare_and_fill(), name="warm-pool"))
+        if self.settings.idle_timeout > 0:
+            self._tasks.append(asyncio.create_task(self._reap_idle(), name="idle-reaper"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        for session_id in list(self.sessions):
+            self._begin_close(session_id, "server shut down")
+        while self.warm:
+            self._spawn_close(self.warm.popleft())
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
+        await self.backend.shutdown()
+
+    @property
+    def ready(self) -> bool:
+        return self.prepared and self.warmed and not self.draining
+
+    @property
+    def warmed(self) -> bool:
+        """The warm pool has been full at least once."""
+        return self.warmed_event.is_set()
+
+    @property
+    def not_ready_reason(self) -> str:
+        if self.draining:
+            return "draining"
+        if not self.prepared:
+            return "preparing env"
+        if not self.warmed:
+            return f"warming up ({len(self.warm)}/{self.settings.warm} envs started)"
+        return "ready"
+
+    def set_draining(self, draining: bool) -> None:
+        self.draining = draining
+        if not draining:
+            self._refill.set()
+
+    # sessions
+
+    async def create(self, env_config: dict[str, Any]) -> Session:
+        retry = self.settings.retry_after
+        if self.draining:
+            raise ApiError(ErrorCode.DRAINING, "server is draining; use another", retry)
+        if len(self.sessions) + self._creating >= self.settings.max_sessions:
+            raise ApiError(
+                ErrorCode.AT_CAPACITY,
+                f"all {self.settings.max_sessions} sessions are in use; retry later",
+                retry,
+            )
+        try:
+            self.backend.check_config(env_config)
+        except EnvInputError as exc:
+            raise ApiError(ErrorCode.BAD_REQUEST, str(exc)) from None
+        self._creating += 1
+        try:
+            instance = await self._take_instance(env_config)
+        finally:
+            self._creating -= 1
+        session = Session(id=secrets.token_hex(8), instance=instance, env_config=env_config)
+        self.sessions[session.id] = session
+        self.served += 1
+        return session
+
+    def get(self, session_id: str) -> Session:
+        session = self.sessions.get(session_id)
+        if session is not None:
+            return session
+        reason = self._closed.get(session_id)
+        if reason is None:
+            raise ApiError(ErrorCode.SESSION_NOT_FOUND, f"no session {session_id!r} on this server")
+        raise ApiError(ErrorCode.SESSION_NOT_FOUND, f"session {session_id!r} is {reason}")
+
+    async def reset(self, session_id: str, params: ResetParams) -> tuple[Session, ResetOutcome]:
+        session = self.get(session_id)
+        if params.data_idx is not None:
+            try:
+                self.backend.check_data_idx(params.data_idx)
+            except EnvInputError as exc:
+                raise ApiError(ErrorCode.BAD_REQUEST, str(exc)) from None
+        merged = ResetParams(
+            data_idx=params.data_idx,
+            seed=params.seed,
+            env_config={**session.env_config, **params.env_config},
+        )
+        async with session.lock:
+            self._still_open(session)
+            outcome = await self._call(session, session.instance.reset(merged))
+            session.record(outcome)
+            session.started = True
+            session.data_idx = params.data_idx
+            session.task_description = outcome.task_description
+            session.extra = outcome.extra
+            session.steps = 0
+            session.episodes += 1
+            session.last_active_at = time.time()
+        return session, outcome
+
+    async def step(self, session_id: str, action: str) -> StepOutcome:
+        session = self.get(session_id)
+        async with session.lock:
+            self._still_open(session)
+            if not session.started:
+                raise ApiError(
+                    ErrorCode.EPISODE_NOT_STARTED, f"session {session_id!r} needs /reset first"
+                )
+            if session.done:
+                raise ApiError(
+                    ErrorCode.EPISODE_FINISHED,
+                    f"the episode of session {session_id!r} has finished; /reset starts another",
+                )
+            outcome = await self._call(session, session.instance.step(action))
+            session.record(outcome)
+            session.steps += 1
+            session.last_active_at = time.time()
+        return outcome
+
+    def close(self, session_id: str) -> bool:
+        """Close a session; True when it was open. Idempotent: unknown ids are not an error."""
+        if session_id not in self.sessions:
+            return False
+        self._begin_close(session_id, "closed")
+        return True
+
+    def touch(self, session: Session) -> None:
+        session.last_active_at = time.time()
+
+    # internals
+
+    def _still_open(self, session: Session) -> None:
+        # A close may land while this call waited for the session's lock.
+        if self.sessions.get(session.id) is not session:
+            self.get(session.id)
+
+    async def _call(self, session: Session, call: Awaitable[T]) -> T:
+        try:
+            return await call
+        except EnvInputError as exc:
+            raise ApiError(ErrorCode.BAD_REQUEST, str(exc)) from None
+        except EnvLostError as exc:
+            self._begin_close(session.id, "lost: its env died")
+            raise ApiError(
+                ErrorCode.SESSION_LOST, f"session {session.id!r} lost its env: {exc}"
+            ) from None
+        except Exception as exc:
+            log.exception("env call failed for session %s", session.id)
+            raise ApiError(ErrorCode.ENV_FAILURE, describe_failure(exc)) from None
+
+    def _begin_close(self, session_id: str, reason: str) -> None:
+        session = self.sessions.pop(session_id, None)
+        self._closed[session_id] = reason
+        while len(self._closed) > CLOSED_IDS_KEPT:
+            self._closed.popitem(last=False)
+        if session is not None:
+            # Wait for any call in flight on this session, then free its env in the background.
+            self._spawn_close(session.instance, session.lock)
+
+    def _spawn_close(self, instance: EnvInstance, lock: asyncio.Lock | None = None) -> None:
+        async def close() -> None:
+            if lock is None:
+                await instance.close()
+                return
+            async with lock:
+                await instance.close()
+
+        task = asyncio.create_task(close(), name="close-env")
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+        self._refill.set()
+
+    async def _take_instance(self, env_config: dict[str, Any]) -> EnvInstance:
+        if self.warm and (self.backend.config_at_reset or not env_config):
+            instance = self.warm.popleft()
+            self._refill.set()
+            return instance
+        try:
+            return await self.backend.start(env_config)
+        except EnvInputError as exc:
+            raise ApiError(ErrorCode.BAD_REQUEST, str(exc)) from None
+        except Exception as exc:
+            log.exception("starting an env failed")
+            raise ApiError(ErrorCode.ENV_FAILURE, describe_failure(exc)) from None
+
+    async def take_spare(self) -> EnvInstance:
+        """A started env outside any session (for the canary)."""
+        if self.warm:
+            instance = self.warm.popleft()
+            self._refill.set()
+            return instance
+        return await self.backend.start({})
+
+    def discard(self, instance: EnvInstance) -> None:
+        self._spawn_close(instance)
+
+    async def _prepare_and_fill(self) -> None:
+        await self.backend.prepare()
+        self.prepared = True
+        while True:
+            while not self.draining and len(self.warm) < self.settings.warm:
+                try:
+                    instance = await self.backend.start({})
+                except Exception:
+                    log.exception("starting a warm env failed; retrying")
+                    await asyncio.sleep(WARM_RETRY_S)
+                    continue
+                self.warm.append(instance)
+            if len(self.warm) >= self.settings.warm:
+                self.warmed_event.set()
+            self._refill.clear()
+            await self._refill.wait()
+
+    async def _reap_idle(self) -> None:
+        timeout = self.settings.idle_timeout
+        period = min(max(timeout / 4, 0.05), 5.0)
+        while True:
+            await asyncio.sleep(period)
+            cutoff = time.time() - timeout
+            for session in list(self.sessions.values()):
+                if session.last_active_at < cutoff and not session.lock.locked():
+                    log.info("closing session %s: idle for over %.0f s", session.id, timeout)
+                    self._begin_close(session.id, f"expired (idle over {timeout:g} s)")

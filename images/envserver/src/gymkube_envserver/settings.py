@@ -1,0 +1,51 @@
+"""Server configuration: every CLI flag also comes from a ``GYMKUBE_*`` environment variable."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# Chosen by measurement on a 2-core box (docs/envserver.md, "JVM flags"): the serial collector and
+# C1-only JIT start a ScienceWorld JVM faster and keep it smaller than the defaults.
+DEFAULT_JVM_OPTIONS = "-Xmx512m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xss4m -Xshare:auto"
+
+
+class ServerSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="GYMKUBE_",
+        cli_kebab_case=True,
+        cli_prog_name="gymkube-envserver",
+        cli_implicit_flags=False,
+        extra="ignore",
+    )
+
+    env: str = Field(
+        default="frozen_lake",
+        description="sciworld | frozen_lake | textarena:<GameId> | plugin:<module>:<Class>",
+    )
+    host: str = Field(default="0.0.0.0", description="Address to bind.")
+    port: int = Field(default=8000, ge=0, le=65_535, description="Port to bind (0: any free).")
+    max_sessions: int = Field(default=16, ge=1, description="Most open sessions at once.")
+    warm: int = Field(default=2, ge=0, description="Started envs kept ready for /create.")
+    idle_timeout: float = Field(
+        default=600.0, ge=0, description="Close sessions idle this many seconds (0: never)."
+    )
+    canary_interval: float = Field(
+        default=60.0, ge=0, description="Seconds between canary episodes (0: no canary)."
+    )
+    canary_timeout: float = Field(default=120.0, gt=0, description="Canary episode time limit.")
+    retry_after: int = Field(
+        default=2, ge=1, description="Retry-After seconds sent with 503 at capacity or draining."
+    )
+    jvm_options: str = Field(
+        default=DEFAULT_JVM_OPTIONS,
+        description="JAVA_TOOL_OPTIONS for ScienceWorld JVMs (an existing JAVA_TOOL_OPTIONS wins).",
+    )
+    env_threads: int = Field(
+        default=0, ge=0, description="Threads for blocking env calls (0: sessions + warm + 2)."
+    )
+    log_level: str = Field(default="info", description="uvicorn log level.")
+
+    @property
+    def thread_count(self) -> int:
+        return self.env_threads or self.max_sessions + self.warm + 2
