@@ -1,0 +1,365 @@
+"""The `gymkube_env` verl agent loop: multi-turn episodes against a gymkube env pool.
+
+Register it through the agent-loop YAML (Ray workers only import what the YAML names):
+
+    - name: gymkube_env
+      _target_: gymkube_agentloop.agent_loop.GymkubeEnvAgentLoop
+      env_url: http://sciworld.envs:8000
+
+Each dataset row names its task by `item_id` (`<env>_<data_idx>`) and may pick a prompt
+template with `extra_info.template`. `run` never raises: env failures end the trajectory with
+reward 0 and say why in `extra_fields["env_ending"]` / `["env_detail"]`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+from uuid import uuid4
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from pydantic import ValidationError
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
+from verl.utils.profiler import simple_timer
+from verl.utils.rollout_trace import rollout_trace_op
+
+from gymkube_agentloop.client import EnvCallError, EnvClient, fetch_tasks
+from gymkube_agentloop.episode import Ending, EnvEpisode, Turn
+from gymkube_agentloop.protocol import TasksReply
+from gymkube_agentloop.settings import AgentLoopSettings, RewardMode
+from gymkube_agentloop.templates import PromptTemplate, resolve_templates, template_for_env
+
+logger = logging.getLogger(__name__)
+
+AGENT_NAME = "gymkube_env"
+DEFAULT_MAX_TURNS = 20
+TRUNCATION_MARK = " ...[truncated]"
+
+# Keyword arguments verl's worker passes to every agent loop; every other key comes from the YAML.
+_VERL_KWARGS = frozenset(inspect.signature(AgentLoopBase.__init__).parameters) | {"tools", "name"}
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+# verl's tracing decorator is untyped; it keeps the signature (functools.wraps).
+_traced: Callable[[_Method], _Method] = rollout_trace_op
+
+_settings_cache: dict[str, tuple[AgentLoopSettings, dict[str, PromptTemplate]]] = {}
+
+
+class BadRowError(ValueError):
+    """A dataset row this loop cannot run."""
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, DictConfig | ListConfig):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+def load_settings(options: dict[str, Any]) -> tuple[AgentLoopSettings, dict[str, PromptTemplate]]:
+    """Settings and templates for YAML options; cached because verl builds a loop per sample."""
+    key = json.dumps(options, sort_keys=True, default=str)
+    if key not in _settings_cache:
+        try:
+            settings = AgentLoopSettings(**options)
+            templates = resolve_templates(settings.templates)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(part) for part in err['loc'])}: {err['msg']}"
+                for err in exc.errors()
+            )
+            raise ValueError(
+                f"invalid {AGENT_NAME} agent-loop settings ({problems}); the env URL comes from "
+                "the YAML key env_url, else GYMKUBE_ENV_URL, else SCIWORLD_ENV_BASE"
+            ) from None
+        _settings_cache[key] = (settings, templates)
+    return _settings_cache[key]
+
+
+@dataclass(frozen=True)
+class _Row:
+    item_id: str
+    env: str
+    data_idx: int
+    template_name: str
+    template: PromptTemplate
+    opening: list[dict[str, str]]
+    seed: int | None
+
+
+@dataclass
+class _Rollout:
+    """State of one trajectory, kept outside `_run` so a failure can still be reported."""
+
+    item_id: str = ""
+    opening_length: int = 0
+    messages: list[dict[str, str]] = field(default_factory=list)
+    prompt_ids: list[int] = field(default_factory=list)
+    runtime_ids: list[int] = field(default_factory=list)
+    response_mask: list[int] = field(default_factory=list)
+    response_logprobs: list[float] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    global_steps: list[int] = field(default_factory=list)
+    replies: int = 0
+    ending: Ending = Ending.INTERNAL_ERROR
+    detail: str = ""
+    episode: EnvEpisode | None = None
+    client: EnvClient | None = None
+
+
+@register(AGENT_NAME)
+class GymkubeEnvAgentLoop(AgentLoopBase):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        options = {key: _plain(kwargs.pop(key)) for key in list(kwargs) if key not in _VERL_KWARGS}
+        super().__init__(*args, **kwargs)
+        self.settings, self.templates = load_settings(options)
+        multi_turn = self.rollout_config.get("multi_turn") or {}
+        self.max_turns: int = (
+            self.settings.max_turns
+            or multi_turn.get("max_assistant_turns")
+            or multi_turn.get("max_user_turns")
+            or DEFAULT_MAX_TURNS
+        )
+        self.max_observation_tokens: int | None = self.settings.max_observation_tokens or (
+            multi_turn.get("max_tool_response_length")
+        )
+        self.response_length: int = self.rollout_config.response_length
+        # verl annotates the tokenizer as the AutoTokenizer factory; it is a PreTrainedTokenizer.
+        self._tokenizer: Any = self.tokenizer
+
+    @_traced
+    async def run(
+        self, sampling_params: dict[str, Any], priority: int = 0, **kwargs: Any
+    ) -> AgentLoopOutput:
+        rollout = _Rollout(item_id=str(kwargs.get("item_id", "")))
+        try:
+            await self._run(rollout, sampling_params, int(priority), kwargs)
+        except BadRowError as exc:
+            rollout.ending, rollout.detail = Ending.BAD_INPUT, str(exc)
+        except EnvCallError as exc:
+            # Only the pool's /tasks table is fetched outside an episode.
+            rollout.ending = Ending.ENV_LOST if exc.code == "unreachable" else Ending.ENV_ERROR
+            rollout.detail = f"GET /tasks: {exc}"
+        except Exception as exc:
+            # verl gathers trajectories without return_exceptions: one raise fails the whole step.
+            logger.exception("gymkube_env trajectory %s failed", rollout.item_id)
+            rollout.ending, rollout.detail = Ending.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"
+        if rollout.ending not in (Ending.DONE, Ending.MAX_TURNS, Ending.RESPONSE_LENGTH):
+            logger.warning(
+                "gymkube_env trajectory %s ended early (%s): %s",
+                rollout.item_id,
+                rollout.ending,
+                rollout.detail,
+            )
+        if not rollout.runtime_ids:
+            rollout.runtime_ids = await self._prompt_without_episode(rollout, kwargs)
+        return self._output(rollout)
+
+    async def _prompt_without_episode(self, rollout: _Rollout, fields: dict[str, Any]) -> list[int]:
+        """Prompt ids for a trajectory that never got its task, so verl still has a sample."""
+        messages = rollout.messages or _plain(fields.get("raw_prompt")) or []
+        try:
+            return list(await self.ct_build_initial_tokens([dict(m) for m in messages]))
+        except Exception:
+            logger.exception("gymkube_env trajectory %s: prompt does not tokenize", rollout.item_id)
+            return []
+
+    @_traced
+    async def env_start(self, episode: EnvEpisode) -> Turn:
+        return await episode.start()
+
+    @_traced
+    async def env_step(self, episode: EnvEpisode, reply: str) -> Turn:
+        return await episode.step(reply)
+
+    async def _run(
+        self,
+        rollout: _Rollout,
+        sampling_params: dict[str, Any],
+        priority: int,
+        row_fields: dict[str, Any],
+    ) -> None:
+        tasks = await fetch_tasks(self.settings.env_url, self.settings.env_client)
+        row = self._parse_row(row_fields, tasks)
+        rollout.messages = list(row.opening)
+        rollout.opening_length = len(row.opening)
+        client = rollout.client = EnvClient(self.settings.env_url, self.settings.env_client)
+        episode = EnvEpisode(client, row.template, row.data_idx, tasks.score_scale, seed=row.seed)
+        rollout.episode = episode
+        async with episode:
+            first = await self.env_start(episode)
+            if first.ending is not None:
+                rollout.ending, rollout.detail = first.ending, first.detail
+                return
+            rollout.messages.append({"role": "user", "content": first.observation})
+            self._assert_mm_supported(False)
+            rollout.prompt_ids = await self.ct_build_initial_tokens(rollout.messages)
+            rollout.runtime_ids = list(rollout.prompt_ids)
+            if first.done:
+                rollout.ending = Ending.DONE
+                return
+            rollout.ending = await self._play(rollout, episode, sampling_params, priority)
+
+    async def _play(
+        self,
+        rollout: _Rollout,
+        episode: EnvEpisode,
+        sampling_params: dict[str, Any],
+        priority: int,
+    ) -> Ending:
+        full_determinism = bool(self.rollout_config.get("full_determinism", False))
+        request_id = f"det-{priority}" if full_determinism else uuid4().hex
+        for _ in range(self.max_turns):
+            budget = self.response_length - len(rollout.response_mask)
+            if budget <= 0:
+                return Ending.RESPONSE_LENGTH
+            with simple_timer("generate_sequences", rollout.metrics):
+                output = await self.server_manager.generate(
+                    request_id=request_id,
+                    prompt_ids=rollout.runtime_ids,
+                    sampling_params={**sampling_params, "max_tokens": budget},
+                    priority=priority,
+                )
+            self._note_generation(rollout, output)
+            merged, rollout.response_mask, logprobs = await self.ct_merge_assistant_token(
+                rollout.runtime_ids,
+                output.token_ids,
+                rollout.response_mask,
+                rollout.response_logprobs
+                if (rollout.response_logprobs or output.log_probs)
+                else None,
+                assistant_logprobs=output.log_probs or None,
+            )
+            rollout.runtime_ids = merged.token_ids
+            rollout.response_logprobs = logprobs or []
+            reply: str = self._tokenizer.decode(output.token_ids, skip_special_tokens=True)
+            rollout.messages.append({"role": "assistant", "content": reply})
+            rollout.replies += 1
+
+            turn = await self.env_step(episode, reply)
+            if turn.ending is not None:
+                rollout.detail = turn.detail
+                return turn.ending
+            if turn.done:
+                return Ending.DONE
+            if len(rollout.response_mask) >= self.response_length:
+                return Ending.RESPONSE_LENGTH
+            if rollout.replies >= self.max_turns:
+                break
+            previous = list(rollout.messages)
+            observation = self._fit_observation(turn.observation)
+            rollout.messages.append({"role": "user", "content": observation})
+            merged, rollout.response_mask, logprobs = await self.ct_merge_context_msg(
+                previous,
+                rollout.messages,
+                rollout.runtime_ids,
+                rollout.response_mask,
+                rollout.response_logprobs or None,
+            )
+            rollout.runtime_ids = merged.token_ids
+            rollout.response_logprobs = logprobs or []
+        return Ending.MAX_TURNS
+
+    def _note_generation(self, rollout: _Rollout, output: Any) -> None:
+        preempted = output.num_preempted if output.num_preempted is not None else 0
+        rollout.metrics["num_preempted"] = rollout.metrics.get("num_preempted", 0) + preempted
+        for key in ("min_global_steps", "max_global_steps", "global_steps"):
+            value = (output.extra_fields or {}).get(key)
+            if isinstance(value, int):
+                rollout.global_steps.append(value)
+
+    def _fit_observation(self, text: str) -> str:
+        """Cut an observation to the token budget: one verbose turn must not eat the response."""
+        budget = self.max_observation_tokens
+        if budget is None:
+            return text
+        ids = self._tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) <= budget:
+            return text
+        kept: str = self._tokenizer.decode(ids[:budget], skip_special_tokens=True)
+        return kept + TRUNCATION_MARK
+
+    def _parse_row(self, fields: dict[str, Any], tasks: TasksReply) -> _Row:
+        extra_info = _plain(fields.get("extra_info")) or {}
+        item_id = str(fields.get("item_id") or "")
+        env, _, idx_text = item_id.rpartition("_")
+        if not env or not idx_text.lstrip("-").isdigit():
+            raise BadRowError(f"item_id must look like <env>_<data_idx>, got {item_id!r}")
+        data_idx = int(idx_text)
+        if env != tasks.env:
+            raise BadRowError(f"row {item_id!r} is for env {env!r}, the pool serves {tasks.env!r}")
+        if not 0 <= data_idx < tasks.count:
+            raise BadRowError(f"row {item_id!r}: data_idx must be in 0..{tasks.count - 1}")
+        name = extra_info.get("template") or self.settings.prompt_template or template_for_env(env)
+        template = self.templates.get(name)
+        if template is None:
+            known = ", ".join(sorted(self.templates))
+            raise BadRowError(
+                f"row {item_id!r} asks for unknown prompt template {name!r} ({known})"
+            )
+        raw_prompt = _plain(fields.get("raw_prompt"))
+        opening = (
+            [{"role": str(m["role"]), "content": str(m["content"])} for m in raw_prompt]
+            if raw_prompt is not None and len(raw_prompt)
+            else template.opening()
+        )
+        seed = extra_info.get("seed")
+        return _Row(
+            item_id, env, data_idx, name, template, opening, int(seed) if seed is not None else None
+        )
+
+    def _output(self, rollout: _Rollout) -> AgentLoopOutput:
+        mask = rollout.response_mask
+        split = len(rollout.runtime_ids) - len(mask)
+        prompt_ids = rollout.runtime_ids[:split]
+        response_ids = rollout.runtime_ids[split:]
+        episode, client = rollout.episode, rollout.client
+        failed = rollout.ending in (Ending.ENV_LOST, Ending.ENV_ERROR, Ending.INTERNAL_ERROR)
+        if failed and self.settings.mask_failed_trajectories:
+            mask = [0] * len(mask)
+        reward = 0.0
+        if episode is not None and not failed:
+            reward = episode.reward(best=self.settings.reward is RewardMode.BEST)
+        stats = client.stats if client is not None else None
+        step_latencies = stats.latencies_s.get("step", []) if stats is not None else []
+        env_latency = stats.total_latency_s if stats is not None else 0.0
+        rollout.metrics["tool_calls"] = env_latency
+        rollout.metrics.setdefault("num_preempted", -1)
+        env_errors = dict(stats.errors) if stats is not None else {}
+        extra_fields: dict[str, Any] = {
+            "env_item_id": rollout.item_id,
+            "env_ending": str(rollout.ending),
+            "env_detail": rollout.detail,
+            "env_score": episode.score if episode is not None else 0.0,
+            "env_best_score": episode.best_score if episode is not None else 0.0,
+            "env_steps": episode.steps if episode is not None else 0,
+            "env_latency_s": env_latency,
+            "env_step_latency_s": step_latencies,
+            "env_errors": env_errors,
+            "env_retries": dict(stats.retries) if stats is not None else {},
+            "min_global_steps": min(rollout.global_steps, default=0),
+            "max_global_steps": max(rollout.global_steps, default=0),
+            # Numeric per-trajectory values verl logs next to the reward (validation metrics).
+            "reward_extra_info": {
+                "env_steps": float(episode.steps if episode is not None else 0),
+                "env_errors": float(sum(env_errors.values())),
+                "env_failed": float(failed),
+            },
+        }
+        return AgentLoopOutput(
+            prompt_ids=prompt_ids,
+            response_ids=response_ids[: self.response_length],
+            response_mask=mask[: self.response_length],
+            response_logprobs=(
+                rollout.response_logprobs[: self.response_length]
+                if rollout.response_logprobs
+                else None
+            ),
+            reward_score=reward,
+            num_turns=len(rollout.messages) - rollout.opening_length,
+            metrics=rollout.metrics,
+            extra_fields=extra_fields,
+        )
