@@ -8,7 +8,8 @@ VENV := .venv
 UV_VERSION := 0.13.9
 UV := $(VENV)/bin/uv
 PY := $(VENV)/bin/python
-TOOLS_CACHE ?= $(HOME)/.cache/gymkube
+# Where hack/build-tools.sh caches tool builds; exported so the tests find the same binaries.
+export GYMKUBE_CACHE ?= $(HOME)/.cache/gymkube
 LOCK := requirements/dev.lock
 PYPKGS := images/envserver/src/gymkube_envserver agentloop/src/gymkube_agentloop operator/src/gymkube_operator
 
@@ -48,7 +49,7 @@ fmt: install ## Apply ruff fixes and formatting.
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-##@ Tools (built from the Go module proxy into $(TOOLS_CACHE))
+##@ Tools (built from the Go module proxy into $(GYMKUBE_CACHE))
 
 .PHONY: tools
 tools: ## Build the pinned Kubernetes binaries, etcd, helm and kustomize (cached; seconds when warm).

@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# Builds the pinned Kubernetes tools (hack/versions.env) from the Go module proxy into
+# $GYMKUBE_CACHE/bin/<kubernetes version>/ (print it with hack/tool-path.sh).
+#
+#   hack/build-tools.sh                   # every tool
+#   hack/build-tools.sh etcd kubectl      # only these
+#
+# Idempotent: a tool whose binary already reports the pinned version is skipped, so a warm run takes
+# seconds. Each tool group is built from a wrapper Go module under $GYMKUBE_CACHE/src/, never in the
+# repository. GYMKUBE_BUILD_JOBS (default 2) caps parallel compile jobs.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib/tools.sh"
+
+KUBE_TOOLS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
+ALL_TOOLS=("${KUBE_TOOLS[@]}" etcd helm kustomize)
+JOBS=${GYMKUBE_BUILD_JOBS:-2}
+SRC_DIR=$GYMKUBE_CACHE/src
+
+log() { printf 'build-tools: %s\n' "$*" >&2; }
+die() {
+	log "error: $*"
+	exit 1
+}
+
+# The version string each binary must print for the given pins.
+expected_version() {
+	case $1 in
+	kubectl) echo "Client Version: $KUBERNETES_VERSION" ;;
+	kube-* | kubelet) echo "Kubernetes $KUBERNETES_VERSION" ;;
+	etcd) echo "etcd Version: ${ETCD_VERSION#v}" ;;
+	helm) echo "$HELM_VERSION" ;;
+	kustomize) echo "$KUSTOMIZE_VERSION" ;;
+	esac
+}
+
+reported_version() {
+	local bin=$GYMKUBE_BIN_DIR/$1
+	case $1 in
+	kubectl) "$bin" version --client ;;
+	kube-* | kubelet | etcd) "$bin" --version ;;
+	helm) "$bin" version --template '{{.Version}}' ;;
+	kustomize) "$bin" version ;;
+	esac 2>/dev/null
+}
+
+is_current() {
+	[[ -x $GYMKUBE_BIN_DIR/$1 ]] && reported_version "$1" | grep -qF -- "$(expected_version "$1")"
+}
+
+# Path of MODULE@VERSION's go.mod in the module cache (downloads it when missing).
+module_gomod() {
+	(cd "$SRC_DIR" && go mod download -json "$1") | sed -n 's/^\t"GoMod": "\(.*\)",$/\1/p'
+}
+
+# Prepares wrapper module DIR whose go.mod starts as stdin, then records the tool packages "$@".
+# GODEBUG defaults follow the main module, so callers copy the wrapped module's go and godebug lines.
+prepare_wrapper() {
+	local dir=$1 base
+	shift
+	base=$(cat)
+	mkdir -p "$dir"
+	if [[ -f $dir/go.sum && -f $dir/base.mod && $(<"$dir/base.mod") == "$base" ]]; then
+		return
+	fi
+	printf '%s\n' "$base" >"$dir/go.mod"
+	rm -f "$dir/go.sum" "$dir/base.mod"
+	(cd "$dir" && go get -tool "$@")
+	printf '%s\n' "$base" >"$dir/base.mod"
+}
+
+# go.mod header for a wrapper named NAME around the module whose go.mod is GOMOD.
+wrapper_header() {
+	echo "module gymkube.local/tools/$1"
+	grep -E '^(go|godebug) ' "$2"
+}
+
+# Builds PACKAGES with LDFLAGS into the bin dir, via a scratch dir so no half-written binary is left.
+go_build() {
+	local dir=$1 ldflags=$2 out=$3
+	shift 3
+	local scratch
+	scratch=$(mktemp -d "$GYMKUBE_BIN_DIR/.build.XXXXXX")
+	(cd "$dir" && CGO_ENABLED=0 nice -n 10 go build -p "$JOBS" -trimpath -ldflags "$ldflags" -o "$scratch/$out" "$@")
+	mv -f "$scratch"/* "$GYMKUBE_BIN_DIR/"
+	rmdir "$scratch"
+}
+
+build_kubernetes() {
+	local v=$KUBERNETES_VERSION gomod info minor build_date ldflags dir=$SRC_DIR/kubernetes-$KUBERNETES_VERSION
+	gomod=$(module_gomod "k8s.io/kubernetes@$v")
+	[[ -n $gomod ]] || die "k8s.io/kubernetes@$v is not on the Go module proxy"
+	minor=${v#v1.}
+	minor=${minor%%.*}
+	# k8s.io/kubernetes requires its staging modules at v0.0.0 and maps them onto ./staging; a consumer
+	# must map each onto its published v0.<minor>.<patch> tag instead.
+	local staging tool_pkgs=("${KUBE_TOOLS[@]/#/k8s.io/kubernetes/cmd/}")
+	staging=$(awk '$2 == "v0.0.0" {required[$1] = 1}
+		$2 == "=>" && $3 ~ /^\.\/staging\// && ($1 in required) {print $1}' "$gomod")
+	{
+		wrapper_header kubernetes "$gomod"
+		echo "require k8s.io/kubernetes $v"
+		echo "replace ("
+		for m in $staging; do printf '\t%s => %s v0.%s\n' "$m" "$m" "${v#v1.}"; done
+		echo ")"
+	} | prepare_wrapper "$dir" "${tool_pkgs[@]/%/@$v}"
+	info=$(dirname "$gomod")/$v.info
+	build_date=$(sed -n 's/.*"Time": *"\([^"]*\)".*/\1/p' "$info")
+	ldflags="-s -w"
+	for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+		ldflags+=" -X $pkg.gitVersion=$v -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+		ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$build_date"
+	done
+	go_build "$dir" "$ldflags" "" "${@/#/k8s.io/kubernetes/cmd/}"
+}
+
+build_etcd() {
+	local gomod dir=$SRC_DIR/etcd-$ETCD_VERSION
+	gomod=$(module_gomod "go.etcd.io/etcd/server/v3@$ETCD_VERSION")
+	[[ -n $gomod ]] || die "go.etcd.io/etcd/server/v3@$ETCD_VERSION is not on the Go module proxy"
+	# server/go.mod carries replace lines, so `go install` refuses it; a wrapper module does not.
+	wrapper_header etcd "$gomod" | prepare_wrapper "$dir" "go.etcd.io/etcd/server/v3@$ETCD_VERSION"
+	go_build "$dir" "-s -w" etcd go.etcd.io/etcd/server/v3
+}
+
+build_helm() {
+	local gomod dir=$SRC_DIR/helm-$HELM_VERSION
+	gomod=$(module_gomod "helm.sh/helm/v3@$HELM_VERSION")
+	[[ -n $gomod ]] || die "helm.sh/helm/v3@$HELM_VERSION is not on the Go module proxy"
+	wrapper_header helm "$gomod" | prepare_wrapper "$dir" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+	go_build "$dir" "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" helm \
+		helm.sh/helm/v3/cmd/helm
+}
+
+build_kustomize() {
+	local gomod dir=$SRC_DIR/kustomize-$KUSTOMIZE_VERSION
+	gomod=$(module_gomod "sigs.k8s.io/kustomize/kustomize/v5@$KUSTOMIZE_VERSION")
+	[[ -n $gomod ]] || die "sigs.k8s.io/kustomize/kustomize/v5@$KUSTOMIZE_VERSION is not on the Go module proxy"
+	wrapper_header kustomize "$gomod" |
+		prepare_wrapper "$dir" "sigs.k8s.io/kustomize/kustomize/v5@$KUSTOMIZE_VERSION"
+	go_build "$dir" "-s -w -X sigs.k8s.io/kustomize/api/provenance.version=$KUSTOMIZE_VERSION" kustomize \
+		sigs.k8s.io/kustomize/kustomize/v5
+}
+
+main() {
+	local requested=("$@") stale=() stale_kube=() tool
+	((${#requested[@]})) || requested=("${ALL_TOOLS[@]}")
+	for tool in "${requested[@]}"; do
+		[[ " ${ALL_TOOLS[*]} " == *" $tool "* ]] || die "unknown tool '$tool' (known: ${ALL_TOOLS[*]})"
+	done
+	command -v go >/dev/null || die "Go is required (https://go.dev/doc/install)"
+	mkdir -p "$GYMKUBE_BIN_DIR" "$SRC_DIR"
+	# Several checkouts may run `make test` at once; one builder at a time per cache.
+	exec 9>"$GYMKUBE_CACHE/build.lock"
+	flock 9
+
+	for tool in "${requested[@]}"; do
+		is_current "$tool" && continue
+		stale+=("$tool")
+		[[ " ${KUBE_TOOLS[*]} " == *" $tool "* ]] && stale_kube+=("$tool")
+	done
+	if ((${#stale[@]} == 0)); then
+		log "up to date in $GYMKUBE_BIN_DIR"
+		return
+	fi
+	log "building into $GYMKUBE_BIN_DIR with $JOBS jobs (a cold build takes tens of minutes)"
+	local start=$SECONDS
+	if ((${#stale_kube[@]})); then
+		log "building ${stale_kube[*]} $KUBERNETES_VERSION"
+		build_kubernetes "${stale_kube[@]}"
+	fi
+	for tool in etcd helm kustomize; do
+		[[ " ${stale[*]} " == *" $tool "* ]] || continue
+		local version_var=${tool^^}_VERSION
+		log "building $tool ${!version_var}"
+		"build_$tool"
+	done
+	for tool in "${stale[@]}"; do
+		is_current "$tool" || die "$tool was built but does not report $(expected_version "$tool")"
+	done
+	log "built ${stale[*]} in $((SECONDS - start))s"
+}
+
+main "$@"

@@ -1,0 +1,41 @@
+"""Integration fixtures: one private control plane per session, one namespace per test."""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from collections.abc import Iterator
+
+import kubernetes
+import pytest
+from controlplane import ControlPlane, running_control_plane
+
+SERVICE_ACCOUNT_TIMEOUT_S = 60.0
+
+
+@pytest.fixture(scope="session")
+def kube() -> Iterator[ControlPlane]:
+    """etcd + kube-apiserver + kube-controller-manager, started once for the whole session."""
+    with running_control_plane() as control_plane:
+        yield control_plane
+
+
+@pytest.fixture
+def namespace(kube: ControlPlane, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace named after the test, ready for pods (its default service account
+    exists); deleted after the test."""
+    stem = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].rstrip("-")
+    name = f"{stem}-{secrets.token_hex(3)}"
+    with kube.api_client() as client:
+        core = kubernetes.client.CoreV1Api(client)
+        core.create_namespace({"metadata": {"name": name}})
+        deadline = time.monotonic() + SERVICE_ACCOUNT_TIMEOUT_S
+        while not core.list_namespaced_service_account(
+            name, field_selector="metadata.name=default"
+        ).items:
+            if time.monotonic() > deadline:
+                pytest.fail(f"namespace {name}: no default service account in time")
+            time.sleep(0.1)
+        yield name
+        core.delete_namespace(name)
