@@ -1,0 +1,92 @@
+"""metav1.Condition in Python: the model for CRD schemas and apimachinery's set-condition rule."""
+
+import datetime
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import Field, WithJsonSchema
+
+from gymkube_operator.kinds import CamelModel
+
+REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+MAX_MESSAGE = 32768
+
+Timestamp = Annotated[str, WithJsonSchema({"type": "string", "format": "date-time"})]
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Condition(CamelModel):
+    """One entry of status.conditions, shaped like metav1.Condition."""
+
+    type: str = Field(max_length=316, description="CamelCase condition type, e.g. Ready.")
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    reason: str = Field(
+        min_length=1, max_length=1024, pattern=REASON_PATTERN, description="CamelCase cause."
+    )
+    message: str = Field("", max_length=MAX_MESSAGE, description="Human-readable detail.")
+    observed_generation: int = Field(0, ge=0, description="metadata.generation this is based on.")
+    last_transition_time: Timestamp = Field(description="When status last changed.")
+
+
+# What the CRD schema of every resource's status.conditions looks like.
+CONDITIONS_SCHEMA_EXTRA: dict[str, Any] = {
+    "x-kubernetes-list-type": "map",
+    "x-kubernetes-list-map-keys": ["type"],
+}
+
+
+def now_rfc3339(now: datetime.datetime | None = None) -> str:
+    moment = now or datetime.datetime.now(datetime.UTC)
+    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def set_condition(
+    conditions: list[Condition],
+    *,
+    type: str,
+    status: ConditionStatus,
+    reason: str,
+    message: str,
+    generation: int,
+    now: str,
+) -> list[Condition]:
+    """Return the list with one condition set; lastTransitionTime moves only when status changes."""
+    updated: list[Condition] = []
+    found = False
+    for condition in conditions:
+        if condition.type != type:
+            updated.append(condition)
+            continue
+        found = True
+        moved = condition.status != status
+        updated.append(
+            Condition(
+                type=type,
+                status=status,
+                reason=reason,
+                message=message[:MAX_MESSAGE],
+                observed_generation=generation,
+                last_transition_time=now if moved else condition.last_transition_time,
+            )
+        )
+    if not found:
+        updated.append(
+            Condition(
+                type=type,
+                status=status,
+                reason=reason,
+                message=message[:MAX_MESSAGE],
+                observed_generation=generation,
+                last_transition_time=now,
+            )
+        )
+    return updated
+
+
+def find_condition(conditions: list[Condition], type: str) -> Condition | None:
+    return next((c for c in conditions if c.type == type), None)

@@ -1,0 +1,1 @@
+"""EnvPool: a pool of env-server pods behind one session router URL."""

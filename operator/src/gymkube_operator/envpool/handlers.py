@@ -1,0 +1,264 @@
+"""kopf handlers for EnvPool: unpack → pure builder/decision → apply → status. Each stays short."""
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+import aiohttp
+import kopf
+
+from gymkube_operator.conditions import now_rfc3339
+from gymkube_operator.envpool import builders
+from gymkube_operator.envpool.builders import COMPONENT_LABEL, ENVSERVER, POOL_LABEL, ROUTER
+from gymkube_operator.envpool.models import PLURAL, EnvPoolSpec, EnvPoolStatus
+from gymkube_operator.envpool.prober import observe
+from gymkube_operator.envpool.restarts import record_actions, restart_times
+from gymkube_operator.envpool.status import Observed, compute_status
+from gymkube_operator.envpool.watchdog import Action, Memory, Plan, decide
+from gymkube_operator.kinds import GROUP, VERSION
+from gymkube_operator.kube import KubeError
+from gymkube_operator.objects import Object
+from gymkube_operator.runtime import Runtime
+
+PoolKey = tuple[str, str]
+PoolIndex = kopf.Index[PoolKey, "Object"]
+# The handlers below that build these indexes carry the same names.
+INDEXES = ("envpool_statefulsets", "envpool_routers", "envpool_pods")
+# Fields of children and pods the watchdog reads; indexes keep only these to bound memory.
+_KEPT_STATUS = ("replicas", "readyReplicas", "updatedReplicas", "observedGeneration")
+
+
+def _slim_workload(body: kopf.Body) -> Object:
+    status = body.get("status", {})
+    return {
+        "kind": body["kind"],
+        "metadata": {"generation": body["metadata"].get("generation", 1)},
+        "status": {
+            k: status[k]
+            for k in (*_KEPT_STATUS, "currentRevision", "updateRevision")
+            if k in status
+        },
+    }
+
+
+def _slim_pod(body: kopf.Body) -> Object:
+    meta, status = body["metadata"], body.get("status", {})
+    return {
+        "metadata": {
+            k: meta[k]
+            for k in ("name", "uid", "creationTimestamp", "deletionTimestamp")
+            if k in meta
+        },
+        "status": {
+            "phase": status.get("phase"),
+            "podIP": status.get("podIP"),
+            "containerStatuses": [
+                {"started": c.get("started", False)} for c in status.get("containerStatuses", [])
+            ],
+        },
+    }
+
+
+def _namespace(namespace: str | None) -> str:
+    # EnvPools and their children are namespaced; kopf types allow None for cluster objects.
+    if namespace is None:
+        raise kopf.PermanentError("gymkube objects are namespaced")
+    return namespace
+
+
+def _describe(action: Action) -> str:
+    return f"{action.pod}: {action.reason}: {action.message}"
+
+
+def _first(index: kopf.Index[PoolKey, Object], key: PoolKey) -> Object | None:
+    return next(iter(index.get(key, [])), None)
+
+
+async def _apply_children(
+    rt: Runtime, name: str, namespace: str, uid: str, spec: EnvPoolSpec
+) -> Observed:
+    owner = builders.owner(name, namespace, uid)
+    children = builders.build_children(owner, spec, rt.settings)
+    try:
+        applied = await asyncio.gather(*(rt.client.apply(child) for child in children))
+    except KubeError as error:
+        return Observed(statefulset=None, router=None, apply_error=str(error))
+    by_kind = {obj["kind"]: obj for obj in applied}
+    return Observed(statefulset=by_kind["StatefulSet"], router=by_kind["Deployment"])
+
+
+async def _write_status(
+    rt: Runtime, name: str, namespace: str, status: EnvPoolStatus, *, with_restarts: bool
+) -> None:
+    body = status.to_api()
+    if not with_restarts:
+        # The watchdog owns status.restarts; a reconcile must not roll back its latest record.
+        body.pop("restarts", None)
+    await rt.client.patch_status(f"{GROUP}/{VERSION}", "EnvPool", namespace, name, body)
+
+
+async def reconcile(
+    rt: Runtime, name: str, namespace: str, uid: str, body: kopf.Body, generation: int
+) -> None:
+    spec = builders.parse_spec(body["spec"])
+    observed = await _apply_children(rt, name, namespace, uid, spec)
+    previous = EnvPoolStatus.model_validate(body.get("status") or {})
+    status = compute_status(
+        name=name,
+        namespace=namespace,
+        generation=generation,
+        spec=spec,
+        previous=previous,
+        observed=observed,
+        now=now_rfc3339(),
+    )
+    await _write_status(rt, name, namespace, status, with_restarts=False)
+    if observed.apply_error:
+        raise kopf.TemporaryError(f"applying children failed: {observed.apply_error}", delay=10)
+
+
+async def _carry_out(
+    rt: Runtime,
+    plan: Plan,
+    pods: dict[str, Object],
+    spec: EnvPoolSpec,
+    namespace: str,
+    body: kopf.Body,
+) -> list[tuple[Action, bool]]:
+    """Delete and drain what the plan says; return (action, is_restart) for what was done."""
+    done: list[tuple[Action, bool]] = []
+    for action in plan.restart + plan.recycle:
+        if await rt.client.delete("v1", "Pod", namespace, action.pod, action.uid):
+            is_restart = action in plan.restart
+            kind = "Warning" if is_restart else "Normal"
+            verb = "PodRestarted" if is_restart else "PodRecycled"
+            kopf.event(body, type=kind, reason=verb, message=_describe(action))
+            done.append((action, is_restart))
+    for action in plan.drain:
+        address = rt.resolve(pods[action.uid], spec.port)
+        if address is None:
+            continue
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            timeout = aiohttp.ClientTimeout(total=spec.watchdog.probe_timeout_seconds)
+            async with rt.probes.post(f"{address}/admin/drain", timeout=timeout):
+                pass
+        kopf.event(body, type="Normal", reason="PodDraining", message=_describe(action))
+    return done
+
+
+async def watch_once(
+    rt: Runtime,
+    memory: Memory,
+    name: str,
+    namespace: str,
+    uid: str,
+    body: kopf.Body,
+    indexes: tuple[PoolIndex, ...],
+) -> None:
+    """One watchdog period: probe the pods, act on the plan, and refresh the status."""
+    statefulsets, routers, pods_index = indexes
+    key = (namespace, name)
+    spec = builders.parse_spec(body["spec"])
+    previous = EnvPoolStatus.model_validate(body.get("status") or {})
+    pods = [] if spec.suspend else list(pods_index.get(key, []))
+    observations = await observe(
+        rt.probes, pods, spec.port, spec.watchdog, rt.resolve, rt.probe_limit
+    )
+    now = time.time()
+    plan = decide(observations, memory, spec.watchdog, restart_times(previous.restarts), now)
+    by_uid = {p["metadata"]["uid"]: p for p in pods}
+    done = await _carry_out(rt, plan, by_uid, spec, namespace, body)
+    observed = Observed(
+        statefulset=_first(statefulsets, key),
+        router=_first(routers, key),
+        pods=observations,
+        budget_exhausted=plan.budget_exhausted and bool(plan.held),
+    )
+    if (observed.statefulset is None or observed.router is None) and previous.observed_generation:
+        # A child went missing (deleted by hand): put it back, level-based.
+        observed = await _apply_children(rt, name, namespace, uid, spec)
+    status = compute_status(
+        name=name,
+        namespace=namespace,
+        # Only a reconcile of the current spec may claim it was observed.
+        generation=previous.observed_generation,
+        spec=spec,
+        previous=previous,
+        observed=observed,
+        restarts=record_actions(previous.restarts, done, now_rfc3339()),
+        now=now_rfc3339(),
+    )
+    if status != previous:
+        await _write_status(rt, name, namespace, status, with_restarts=True)
+
+
+def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
+    """Register the EnvPool handlers on a registry (tests build their own runtime and registry)."""
+    wakes: dict[PoolKey, asyncio.Event] = {}
+
+    @kopf.index("statefulsets", labels={POOL_LABEL: kopf.PRESENT}, registry=registry)
+    def envpool_statefulsets(
+        namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+    ) -> dict[PoolKey, Object]:
+        return {(_namespace(namespace), labels[POOL_LABEL]): _slim_workload(body)}
+
+    @kopf.index(
+        "deployments", labels={POOL_LABEL: kopf.PRESENT, COMPONENT_LABEL: ROUTER}, registry=registry
+    )
+    def envpool_routers(
+        namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+    ) -> dict[PoolKey, Object]:
+        return {(_namespace(namespace), labels[POOL_LABEL]): _slim_workload(body)}
+
+    @kopf.index(
+        "pods", labels={POOL_LABEL: kopf.PRESENT, COMPONENT_LABEL: ENVSERVER}, registry=registry
+    )
+    def envpool_pods(
+        namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+    ) -> dict[PoolKey, Object]:
+        return {(_namespace(namespace), labels[POOL_LABEL]): _slim_pod(body)}
+
+    # A child's status changed: wake its pool's watchdog so status follows within moments.
+    @kopf.on.event("statefulsets", labels={POOL_LABEL: kopf.PRESENT}, registry=registry)
+    @kopf.on.event("deployments", labels={POOL_LABEL: kopf.PRESENT}, registry=registry)
+    def wake_pool(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
+        wake = wakes.get((_namespace(namespace), labels[POOL_LABEL]))
+        if wake is not None:
+            wake.set()
+
+    @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
+    @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
+    @kopf.on.update(GROUP, VERSION, PLURAL, registry=registry)
+    async def reconcile_envpool(
+        name: str, namespace: str | None, uid: str, body: kopf.Body, meta: kopf.Meta, **_: Any
+    ) -> None:
+        await reconcile(rt, name, _namespace(namespace), uid, body, meta.get("generation", 1))
+
+    @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=5, registry=registry)
+    async def envpool_watchdog(
+        name: str,
+        namespace: str | None,
+        uid: str,
+        body: kopf.Body,
+        stopped: kopf.DaemonStopped,
+        **kwargs: Any,
+    ) -> None:
+        key = (_namespace(namespace), name)
+        wake = wakes.setdefault(key, asyncio.Event())
+        memory = Memory()
+        # kopf passes each index as a keyword argument named after its function.
+        indexes = (
+            kwargs["envpool_statefulsets"],
+            kwargs["envpool_routers"],
+            kwargs["envpool_pods"],
+        )
+        try:
+            while not stopped:
+                wake.clear()
+                await watch_once(rt, memory, name, key[0], uid, body, indexes)
+                period = builders.parse_spec(body["spec"]).watchdog.probe_period_seconds
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), timeout=period)
+        finally:
+            wakes.pop(key, None)

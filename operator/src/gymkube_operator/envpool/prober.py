@@ -1,0 +1,133 @@
+"""Reads each env-server pod's GET /status and turns the answer into a watchdog Probe."""
+
+import asyncio
+import calendar
+import time
+from collections.abc import Callable
+
+import aiohttp
+from pydantic import BaseModel, ValidationError
+
+from gymkube_operator.envpool.models import WatchdogSpec
+from gymkube_operator.envpool.watchdog import Failure, PodObservation, Probe
+from gymkube_operator.objects import Object
+
+# Maps a pod to the base URL of its env server, or None while it cannot be probed. Tests point
+# it at local env-server processes standing in for pods.
+AddressResolver = Callable[[Object, int], str | None]
+
+
+def pod_address(pod: Object, port: int) -> str | None:
+    """The pod's own IP once it runs and its startup probe passed; None before that."""
+    status = pod.get("status", {})
+    started = all(c.get("started") for c in status.get("containerStatuses", [])) and bool(
+        status.get("containerStatuses")
+    )
+    if status.get("phase") != "Running" or not status.get("podIP") or not started:
+        return None
+    return f"http://{status['podIP']}:{port}"
+
+
+class _Canary(BaseModel):
+    ok: bool | None = None
+    at: float | None = None
+    error: str | None = None
+
+
+class _ServerStatus(BaseModel):
+    """The fields of the env server's /status the watchdog reads."""
+
+    active: int
+    capacity: int
+    served: int
+    draining: bool
+    ready: bool
+    canary: _Canary
+
+
+def judge(body: object, policy: WatchdogSpec, now: float) -> Probe:
+    """Turn a /status body into a Probe (pure: the unit tests feed it bodies directly)."""
+    try:
+        status = _ServerStatus.model_validate(body)
+    except ValidationError as error:
+        return Probe(Failure.BAD_STATUS, f"/status body unreadable: {error.errors()[0]['msg']}")
+    canary = status.canary
+    failure: Failure | None = None
+    message = ""
+    stale_after = (
+        policy.canary_interval_seconds + policy.canary_timeout_seconds + policy.probe_period_seconds
+    )
+    # The canary pauses while the server warms up or drains; otherwise it must keep running.
+    if canary.ok is False:
+        failure, message = Failure.CANARY_FAILED, f"canary failed: {canary.error or 'no detail'}"
+    elif (
+        policy.canary_interval_seconds
+        and status.ready
+        and not status.draining
+        and canary.at is not None
+        and now - canary.at > stale_after
+    ):
+        failure = Failure.STUCK
+        message = f"canary last ran {int(now - canary.at)}s ago (limit {stale_after}s)"
+    return Probe(
+        failure,
+        message,
+        active=status.active,
+        capacity=status.capacity,
+        served=status.served,
+        draining=status.draining,
+    )
+
+
+async def probe_server(
+    session: aiohttp.ClientSession, base_url: str, policy: WatchdogSpec
+) -> Probe:
+    timeout = aiohttp.ClientTimeout(total=policy.probe_timeout_seconds)
+    try:
+        async with session.get(f"{base_url}/status", timeout=timeout) as response:
+            if response.status != 200:
+                return Probe(Failure.BAD_STATUS, f"/status answered HTTP {response.status}")
+            body = await response.json(content_type=None)
+    except TimeoutError:
+        message = f"/status gave no answer in {policy.probe_timeout_seconds}s"
+        return Probe(Failure.NO_ANSWER, message)
+    except (aiohttp.ClientError, ValueError) as error:
+        return Probe(Failure.NO_ANSWER, f"/status failed: {type(error).__name__}: {error}")
+    return judge(body, policy, time.time())
+
+
+def _age_seconds(pod: Object, now: float) -> float:
+    created = pod["metadata"].get("creationTimestamp")
+    if not created:
+        return 0.0
+    started = calendar.timegm(time.strptime(created, "%Y-%m-%dT%H:%M:%SZ"))
+    return max(0.0, now - started)
+
+
+async def observe(
+    session: aiohttp.ClientSession,
+    pods: list[Object],
+    port: int,
+    policy: WatchdogSpec,
+    resolve: AddressResolver,
+    limit: asyncio.Semaphore,
+) -> list[PodObservation]:
+    """Probe every pod that has an address, concurrently (bounded by limit)."""
+
+    async def one(pod: Object) -> PodObservation:
+        meta = pod["metadata"]
+        deleting = bool(meta.get("deletionTimestamp"))
+        address = None if deleting else resolve(pod, port)
+        probe = None
+        if address is not None:
+            async with limit:
+                probe = await probe_server(session, address, policy)
+        return PodObservation(
+            name=meta["name"],
+            uid=meta["uid"],
+            age_seconds=_age_seconds(pod, time.time()),
+            deleting=deleting,
+            probe=probe,
+        )
+
+    return list(await asyncio.gather(*(one(pod) for pod in pods)))

@@ -1,0 +1,143 @@
+"""A small asyncio Kubernetes API client over aiohttp: server-side apply, reads, deletes, status.
+
+kopf already logs in and speaks HTTP with aiohttp; this client reuses kopf's login result instead
+of loading the official client library, which would double the operator's memory.
+"""
+
+import json
+from typing import Any, Self
+from urllib.parse import quote, urlencode
+
+import aiohttp
+import kopf
+
+from gymkube_operator.kinds import API_VERSION
+from gymkube_operator.objects import Object
+
+# (apiVersion, kind) → plural, for everything gymkube reads or writes.
+PLURALS: dict[tuple[str, str], str] = {
+    ("v1", "Service"): "services",
+    ("v1", "Pod"): "pods",
+    ("v1", "ConfigMap"): "configmaps",
+    ("v1", "Event"): "events",
+    ("apps/v1", "StatefulSet"): "statefulsets",
+    ("apps/v1", "Deployment"): "deployments",
+    ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
+    ("batch/v1", "Job"): "jobs",
+    (API_VERSION, "EnvPool"): "envpools",
+}
+
+
+class KubeError(Exception):
+    """The API server refused a request; the message is the server's own."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
+def resource_path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
+    prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    path = f"{prefix}/namespaces/{quote(namespace)}/{PLURALS[(api_version, kind)]}"
+    return f"{path}/{quote(name)}" if name else path
+
+
+class KubeClient:
+    def __init__(self, session: aiohttp.ClientSession, server: str, field_manager: str) -> None:
+        self._session = session
+        self._server = server.rstrip("/")
+        self.field_manager = field_manager
+
+    @classmethod
+    def connect(cls, info: kopf.ConnectionInfo, field_manager: str) -> Self:
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=info.as_ssl_context(), limit=64),
+            headers={**info.as_http_headers(), "User-Agent": field_manager},
+            timeout=aiohttp.ClientTimeout(total=60),
+        )
+        return cls(session, info.server, field_manager)
+
+    async def close(self) -> None:
+        await self._session.close()
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: dict[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> Any:
+        url = self._server + path + (f"?{urlencode(query)}" if query else "")
+        data = None if body is None else json.dumps(body)
+        headers = {"Content-Type": content_type} if data is not None else {}
+        async with self._session.request(method, url, data=data, headers=headers) as response:
+            payload = await response.json(content_type=None)
+            if response.status >= 400:
+                message = payload.get("message", "") if isinstance(payload, dict) else ""
+                raise KubeError(response.status, message or str(payload))
+            return payload
+
+    async def apply(self, obj: Object) -> Object:
+        """Server-side apply, forcing conflicts: the operator owns every field it sets."""
+        meta = obj["metadata"]
+        path = resource_path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        result: Object = await self._request(
+            "PATCH",
+            path,
+            query={"fieldManager": self.field_manager, "force": "true"},
+            body=obj,
+            content_type="application/apply-patch+yaml",
+        )
+        return result
+
+    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Object | None:
+        try:
+            result: Object = await self._request(
+                "GET", resource_path(api_version, kind, namespace, name)
+            )
+        except KubeError as error:
+            if error.status == 404:
+                return None
+            raise
+        return result
+
+    async def list(
+        self, api_version: str, kind: str, namespace: str, selector: str
+    ) -> list[Object]:
+        result = await self._request(
+            "GET",
+            resource_path(api_version, kind, namespace),
+            query={"labelSelector": selector},
+        )
+        items: list[Object] = result.get("items", [])
+        return items
+
+    async def delete(
+        self, api_version: str, kind: str, namespace: str, name: str, uid: str | None = None
+    ) -> bool:
+        """Delete one object (only if it is still the one with this uid); False if it was gone."""
+        body: Object = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        try:
+            await self._request(
+                "DELETE", resource_path(api_version, kind, namespace, name), body=body
+            )
+        except KubeError as error:
+            if error.status in (404, 409):
+                return False
+            raise
+        return True
+
+    async def patch_status(
+        self, api_version: str, kind: str, namespace: str, name: str, status: Object
+    ) -> Object:
+        result: Object = await self._request(
+            "PATCH",
+            resource_path(api_version, kind, namespace, name) + "/status",
+            body={"status": status},
+            content_type="application/merge-patch+json",
+        )
+        return result

@@ -1,0 +1,90 @@
+"""`gymkube-operator`: run the EnvPool operator with settings from GYMKUBE_* variables."""
+
+import asyncio
+import contextlib
+import logging
+import sys
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from gymkube_operator.envpool import handlers as envpool_handlers
+from gymkube_operator.envpool.prober import AddressResolver, pod_address
+from gymkube_operator.runtime import Runtime
+from gymkube_operator.settings import OperatorSettings
+
+
+def kopf_settings(settings: OperatorSettings) -> kopf.OperatorSettings:
+    config = kopf.OperatorSettings()
+    prefix = settings.prefix
+    # kopf's finalizer and bookkeeping annotations live under gymkube's own API group.
+    config.persistence.finalizer = f"{prefix}/finalizer"
+    config.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=prefix)
+    config.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=prefix, key="last-handled-configuration"
+    )
+    config.posting.reporting_component = "gymkube-operator"
+    config.posting.level = logging.WARNING
+    # Bounded watches: a silently dropped connection is noticed and re-established.
+    config.watching.server_timeout = 300
+    config.watching.client_timeout = 330
+    config.peering.standalone = True
+    return config
+
+
+def build_registry(runtime: Runtime) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo:
+        # In a pod the service account wins; elsewhere the KUBECONFIG file.
+        info = kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+        if info is None:
+            raise kopf.LoginError("no service account and no KUBECONFIG to log in with")
+        runtime.connect(info)
+        return info
+
+    @kopf.on.cleanup(registry=registry)
+    async def close(**_: Any) -> None:
+        await runtime.close()
+
+    envpool_handlers.register(registry, runtime)
+    return registry
+
+
+async def run(
+    settings: OperatorSettings,
+    *,
+    resolve: AddressResolver = pod_address,
+    stop_flag: asyncio.Event | None = None,
+    ready_flag: asyncio.Event | None = None,
+) -> None:
+    """Run the operator until stop_flag is set (or forever); tests pass their own resolver."""
+    runtime = Runtime(settings=settings, resolve=resolve)
+    port = settings.liveness_port
+    await kopf.operator(
+        registry=build_registry(runtime),
+        settings=kopf_settings(settings),
+        standalone=True,
+        clusterwide=not settings.namespaces,
+        namespaces=settings.namespaces,
+        liveness_endpoint=f"http://0.0.0.0:{port}/healthz" if port else None,
+        stop_flag=stop_flag,
+        ready_flag=ready_flag,
+    )
+
+
+def main() -> None:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        settings = OperatorSettings()
+    except ValidationError as error:
+        print(f"gymkube-operator: bad settings:\n{error}", file=sys.stderr)
+        sys.exit(2)
+    scope = ", ".join(settings.namespaces) or "all namespaces"
+    logging.getLogger("gymkube_operator").info("watching %s", scope)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run(settings))

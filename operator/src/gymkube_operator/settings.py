@@ -1,0 +1,50 @@
+"""Operator settings from GYMKUBE_* environment variables (the Helm chart's values set them)."""
+
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from gymkube_operator.kinds import GROUP
+
+
+class OperatorSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GYMKUBE_", frozen=True)
+
+    namespaces: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Namespaces to watch, comma-separated; empty watches the whole cluster.",
+    )
+    envserver_image: str = Field(
+        "gymkube/envserver:0.1.0", description="Env-server image when an EnvPool names none."
+    )
+    router_image: str = Field(
+        "gymkube/router:0.1.0", description="Router image when an EnvPool names none."
+    )
+    image_pull_policy: str = Field("IfNotPresent", description="Pull policy of both images.")
+    # Kubelet probes on env servers: a ScienceWorld server needs time to start its JVMs.
+    startup_probe_period_seconds: int = Field(5, ge=1)
+    startup_probe_failure_threshold: int = Field(
+        60, ge=1, description="Startup probes allowed to fail before the kubelet restarts a pod."
+    )
+    liveness_probe_period_seconds: int = Field(10, ge=1)
+    liveness_probe_failure_threshold: int = Field(3, ge=1)
+    readiness_probe_period_seconds: int = Field(5, ge=1)
+    probe_concurrency: int = Field(
+        64, ge=1, description="Concurrent /status reads the watchdog makes across all pools."
+    )
+    status_resync_seconds: float = Field(
+        30.0, gt=0, description="How often a suspended pool's status is recomputed."
+    )
+    field_manager: str = Field("gymkube-operator", description="Server-side apply field manager.")
+    liveness_port: int = Field(
+        8080, ge=0, le=65535, description="Port of the operator's own /healthz; 0 turns it off."
+    )
+    prefix: str = Field(GROUP, description="Prefix of kopf's finalizer and annotations.")
+
+    @field_validator("namespaces", mode="before")
+    @classmethod
+    def _split_namespaces(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
