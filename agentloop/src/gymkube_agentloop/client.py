@@ -56,11 +56,14 @@ class EnvCallError(Exception):
         status: int | None = None,
         retry_after: float | None = None,
     ) -> None:
-        super().__init__(f"{code}: {message}" if message else code)
+        super().__init__(code, message)
         self.code = code
         self.message = message
         self.status = status
         self.retry_after = retry_after
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}" if self.message else self.code
 
 
 class EnvSessionLost(EnvCallError):

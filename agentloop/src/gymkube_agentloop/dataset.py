@@ -1,0 +1,132 @@
+"""`gymkube-dataset`: a verl-ready parquet of env tasks, read from a pool's `/tasks`.
+
+Each row carries the opening messages of its prompt template (`prompt`), the agent loop that
+plays it (`agent_name`), the task (`item_id` = `<env>_<data_idx>`) and `extra_info` (`index`,
+`split`, `data_idx`, `template`, `task_name`). verl hands every column to the agent loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from gymkube_agentloop.cli import (
+    EXIT_BAD_INPUT,
+    add_pool_arguments,
+    fail,
+    pool_tasks,
+    positive_int,
+)
+from gymkube_agentloop.client import EnvClientSettings, close_shared_session
+from gymkube_agentloop.protocol import TasksReply
+from gymkube_agentloop.templates import BUILTIN_TEMPLATES, PromptTemplate, template_for_env
+
+PROG = "gymkube-dataset"
+AGENT_NAME = "gymkube_env"
+
+
+def sample_indices(pool: list[int], size: int, seed: int) -> list[int]:
+    """`size` data_idx values from `pool`, without repeats until the pool is used up."""
+    rng = random.Random(seed)
+    chosen: list[int] = []
+    while len(chosen) < size:
+        batch = list(pool)
+        rng.shuffle(batch)
+        chosen.extend(batch[: size - len(chosen)])
+    return chosen
+
+
+def build_rows(
+    tasks: TasksReply,
+    *,
+    split: str,
+    size: int,
+    seed: int,
+    template_name: str,
+    template: PromptTemplate,
+    agent_name: str = AGENT_NAME,
+) -> list[dict[str, Any]]:
+    indices = tasks.indices(split)
+    if not indices:
+        raise ValueError(f"split {split!r} of env {tasks.env!r} is empty")
+    return [
+        {
+            "data_source": tasks.env,
+            "agent_name": agent_name,
+            "item_id": f"{tasks.env}_{data_idx}",
+            "prompt": template.opening(),
+            "ability": "agent",
+            # The loop sets reward_score itself; this only satisfies reward managers that look.
+            "reward_model": {"style": "env", "ground_truth": ""},
+            "extra_info": {
+                "index": index,
+                "split": split,
+                "data_idx": data_idx,
+                "template": template_name,
+                "task_name": tasks.task_name(data_idx),
+            },
+        }
+        for index, data_idx in enumerate(sample_indices(indices, size, seed))
+    ]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description=__doc__.splitlines()[0] if __doc__ else ""
+    )
+    add_pool_arguments(parser)
+    parser.add_argument("--split", choices=("train", "dev", "test"), required=True)
+    parser.add_argument("--size", type=positive_int, required=True, help="rows to write")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    parser.add_argument("--out", type=Path, required=True, help="parquet file to write")
+    parser.add_argument("--template", help="prompt template (default: the env's own)")
+    parser.add_argument("--agent-name", default=AGENT_NAME, help=f"default {AGENT_NAME}")
+    return parser.parse_args(argv)
+
+
+async def _run(args: argparse.Namespace) -> dict[str, Any]:
+    settings = EnvClientSettings(retry_deadline_s=args.connect_timeout)
+    try:
+        tasks = await pool_tasks(PROG, args.env_url, args.env, settings)
+    finally:
+        await close_shared_session()
+    template_name = args.template or template_for_env(args.env)
+    template = BUILTIN_TEMPLATES.get(template_name)
+    if template is None:
+        known = ", ".join(sorted(BUILTIN_TEMPLATES))
+        fail(PROG, f"unknown prompt template {template_name!r} (known: {known})", EXIT_BAD_INPUT)
+    try:
+        rows = build_rows(
+            tasks,
+            split=args.split,
+            size=args.size,
+            seed=args.seed,
+            template_name=template_name,
+            template=template,
+            agent_name=args.agent_name,
+        )
+    except ValueError as exc:
+        fail(PROG, str(exc), EXIT_BAD_INPUT)
+    try:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(rows), args.out)
+    except OSError as exc:
+        fail(PROG, f"cannot write {args.out}: {exc.strerror or exc}", EXIT_BAD_INPUT)
+    distinct = len({row["item_id"] for row in rows})
+    return {"out": str(args.out), "rows": len(rows), "distinct_tasks": distinct, "env": tasks.env}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    print(json.dumps(asyncio.run(_run(args))))
+
+
+if __name__ == "__main__":
+    main()
