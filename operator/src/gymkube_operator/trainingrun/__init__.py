@@ -1,0 +1,1 @@
+"""TrainingRun: a verl training job wired to an EnvPool, with preflight, KubeRay and Kueue."""

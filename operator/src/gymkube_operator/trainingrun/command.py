@@ -1,0 +1,198 @@
+"""What runs inside the trainer pods: the verl command line, the agent-loop YAML, the dataset steps.
+
+Pure functions of the spec and the pool, so they are tested without a cluster (and the verl
+command against verl 0.9.1's own Hydra config).
+"""
+
+import dataclasses
+import shlex
+from typing import Any
+
+import yaml
+
+from gymkube_operator.trainingrun.models import TrainingRunSpec
+
+# Where things live inside every trainer pod.
+DATA_DIR = "/data"
+TRAIN_FILE = f"{DATA_DIR}/train.parquet"
+VAL_FILE = f"{DATA_DIR}/val.parquet"
+CONFIG_DIR = "/etc/gymkube"
+AGENT_LOOP_FILE = "agent-loop.yaml"
+SETTINGS_FILE = "run.yaml"
+AGENT_LOOP_PATH = f"{CONFIG_DIR}/{AGENT_LOOP_FILE}"
+CHECKPOINTS_DIR = "/checkpoints"
+
+# The gymkube agent loop as verl's AgentLoopWorker instantiates it (hydra `_target_`), and the name
+# dataset rows carry in their agent_name column.
+AGENT_LOOP_TARGET = "gymkube_agentloop.agent_loop.GymkubeEnvAgentLoop"
+AGENT_LOOP_NAME = "gymkube_env"
+
+# verl's own default for ppo_max_token_len_per_gpu; raised when one trajectory would not fit.
+MIN_TOKENS_PER_GPU = 16384
+
+VERL_ENTRYPOINT = ("python3", "-m", "verl.trainer.main_ppo")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunTarget:
+    """One TrainingRun as the builders see it: its identity, its spec and the pool it plays."""
+
+    name: str
+    namespace: str
+    uid: str
+    spec: TrainingRunSpec
+    pool_url: str
+    env: str
+    trainer_image: str
+    preflight_image: str
+
+    @property
+    def checkpoint_dir(self) -> str:
+        # One checkpoints volume can hold many runs; a run recreated under the same name resumes.
+        return f"{CHECKPOINTS_DIR}/{self.name}"
+
+
+def hydra_string(value: str) -> str:
+    """Quote a string for a Hydra command-line override so paths and URLs parse as one string."""
+    escaped = value.replace("\\", "\\\\").replace("'", "\\'")
+    return f"'{escaped}'"
+
+
+def hydra_list(values: list[str]) -> str:
+    return "[" + ",".join(hydra_string(v) for v in values) + "]"
+
+
+def verl_overrides(target: RunTarget) -> list[str]:
+    """gymkube's overrides for verl.trainer.main_ppo, then the user's own (last one wins)."""
+    spec = target.spec
+    loop = spec.agent_loop
+    rollout = "actor_rollout_ref.rollout"
+    max_tokens_per_gpu = max(MIN_TOKENS_PER_GPU, loop.max_prompt_tokens + loop.max_response_tokens)
+    ours = [
+        f"algorithm.adv_estimator={spec.algorithm}",
+        f"data.train_files={hydra_list([TRAIN_FILE])}",
+        f"data.val_files={hydra_list([VAL_FILE])}",
+        # The agent loop builds its own prompt from the raw messages of each row.
+        "data.return_raw_chat=true",
+        f"data.max_prompt_length={loop.max_prompt_tokens}",
+        f"data.max_response_length={loop.max_response_tokens}",
+        f"actor_rollout_ref.model.path={hydra_string(spec.model.path)}",
+        # Multi-turn trajectories vary a lot in length: batch by tokens, not by samples, so a run
+        # needs no per-GPU micro-batch size to start.
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={max_tokens_per_gpu}",
+        f"{rollout}.name=vllm",
+        f"{rollout}.mode=async",
+        f"{rollout}.agent.agent_loop_config_path={hydra_string(AGENT_LOOP_PATH)}",
+        f"{rollout}.agent.default_agent_loop={AGENT_LOOP_NAME}",
+        f"{rollout}.multi_turn.enable=true",
+        f"{rollout}.multi_turn.max_assistant_turns={loop.max_turns}",
+        f"{rollout}.multi_turn.max_user_turns={loop.max_turns}",
+        f"trainer.nnodes={spec.nodes}",
+        f"trainer.n_gpus_per_node={spec.gpus_per_node}",
+        f"trainer.default_local_dir={hydra_string(target.checkpoint_dir)}",
+        "trainer.project_name=gymkube",
+        f"trainer.experiment_name={hydra_string(target.name)}",
+        # verl's default logger list includes wandb, which fails without an API key.
+        f"trainer.logger={hydra_list(['console'])}",
+    ]
+    if spec.algorithm == "gae":
+        # PPO trains a critic; verl's default critic path is a placeholder model.
+        ours.append(f"critic.model.path={hydra_string(spec.model.path)}")
+    return ours + list(spec.overrides)
+
+
+def verl_command(target: RunTarget) -> list[str]:
+    return [*VERL_ENTRYPOINT, *verl_overrides(target)]
+
+
+def verl_entrypoint(target: RunTarget) -> str:
+    """The same command as one shell string, for a RayJob's entrypoint."""
+    return shlex.join(verl_command(target))
+
+
+def agent_loop_config(target: RunTarget) -> list[dict[str, Any]]:
+    """verl's agent-loop YAML: one entry; every key but name and _target_ is a loop kwarg."""
+    loop = target.spec.agent_loop
+    entry: dict[str, Any] = {
+        "name": AGENT_LOOP_NAME,
+        "_target_": AGENT_LOOP_TARGET,
+        "env_url": target.pool_url,
+        "max_turns": loop.max_turns,
+        "max_observation_tokens": loop.max_observation_tokens,
+        "reward": loop.reward,
+    }
+    if loop.prompt_template is not None:
+        entry["prompt_template"] = loop.prompt_template
+    return [entry]
+
+
+def run_settings(target: RunTarget) -> dict[str, Any]:
+    """What the run was rendered from, kept beside the agent-loop YAML for people reading it."""
+    return {
+        "trainingRun": target.name,
+        "envPoolUrl": target.pool_url,
+        "env": target.env,
+        "spec": target.spec.to_api(),
+        "command": verl_command(target),
+    }
+
+
+def config_files(target: RunTarget) -> dict[str, str]:
+    return {
+        AGENT_LOOP_FILE: yaml.safe_dump(agent_loop_config(target), sort_keys=False),
+        SETTINGS_FILE: yaml.safe_dump(run_settings(target), sort_keys=False, width=100),
+    }
+
+
+def dataset_command(target: RunTarget, *, split: str, size: int, out: str) -> list[str]:
+    return [
+        "gymkube-dataset",
+        "--env-url",
+        target.pool_url,
+        "--env",
+        target.env,
+        "--split",
+        split,
+        "--size",
+        str(size),
+        "--seed",
+        str(target.spec.dataset.seed),
+        "--out",
+        out,
+    ]
+
+
+def dataset_commands(target: RunTarget) -> dict[str, list[str]]:
+    """The train and validation parquet steps, by container name."""
+    data = target.spec.dataset
+    return {
+        "dataset-train": dataset_command(target, split=data.split, size=data.size, out=TRAIN_FILE),
+        "dataset-val": dataset_command(
+            target, split=data.val_split, size=data.val_size, out=VAL_FILE
+        ),
+    }
+
+
+def preflight_command(target: RunTarget) -> list[str]:
+    """gymkube-preflight with its JSON summary copied into the termination message.
+
+    The kubelet puts /dev/termination-log into the pod status, where the operator reads it back;
+    the exit code is kept, so a failed preflight fails its Job.
+    """
+    preflight = target.spec.preflight
+    args = [
+        "--env-url",
+        target.pool_url,
+        "--env",
+        target.env,
+        "--episodes",
+        str(preflight.episodes),
+        "--policy",
+        preflight.policy,
+    ]
+    script = (
+        'gymkube-preflight "$@" > /dev/termination-log; code=$?; '
+        "cat /dev/termination-log; exit $code"
+    )
+    return ["sh", "-c", script, "gymkube-preflight", *args]

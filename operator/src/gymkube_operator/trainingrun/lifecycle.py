@@ -1,0 +1,442 @@
+"""The TrainingRun life as one pure function: what exists in, what to create and the status out.
+
+Level-based: every call looks at the pool, the preflight Job and the training child as they are
+now, so a restarted operator or a missed event changes nothing.
+"""
+
+import dataclasses
+import datetime
+import json
+import re
+from typing import Any
+
+from gymkube_operator.conditions import (
+    Condition,
+    ConditionStatus,
+    find_condition,
+    now_rfc3339,
+    set_condition,
+)
+from gymkube_operator.objects import Object
+from gymkube_operator.trainingrun import render
+from gymkube_operator.trainingrun.command import RunTarget
+from gymkube_operator.trainingrun.models import (
+    ChildRef,
+    Phase,
+    PreflightStatus,
+    TrainingRunSpec,
+    TrainingRunStatus,
+)
+
+ENV_POOL_READY = "EnvPoolReady"
+PREFLIGHT_PASSED = "PreflightPassed"
+RUNNING = "Running"
+SUCCEEDED = "Succeeded"
+FAILED = "Failed"
+SUSPENDED = "Suspended"
+
+TRUE, FALSE, UNKNOWN = ConditionStatus.TRUE, ConditionStatus.FALSE, ConditionStatus.UNKNOWN
+
+# Which phase each phase-derived condition is True in.
+_PHASE_CONDITIONS = (
+    (RUNNING, (Phase.RUNNING,)),
+    (SUCCEEDED, (Phase.SUCCEEDED,)),
+    (FAILED, (Phase.FAILED,)),
+    (SUSPENDED, (Phase.SUSPENDED, Phase.QUEUED)),
+)
+_REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """A TrainingRun's identity and the operator's default images."""
+
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+    trainer_image: str
+    preflight_image: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Observed:
+    """What exists right now."""
+
+    pool: Object | None
+    preflight_job: Object | None = None
+    # The preflight container's termination message (its JSON summary, or a log tail).
+    preflight_message: str | None = None
+    training: Object | None = None
+    # Whether the API server serves ray.io/v1 RayJob; None when nobody asked (nodes = 1).
+    rayjob_served: bool | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    type: str
+    reason: str
+    message: str
+
+
+@dataclasses.dataclass
+class Plan:
+    status: TrainingRunStatus
+    create: list[Object] = dataclasses.field(default_factory=list)
+    # Set the training child's spec.suspend to this.
+    suspend_child: bool | None = None
+    delete_run: bool = False
+    # Seconds until something is due without any event (the TTL).
+    wake_after: float | None = None
+    events: list[Event] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Outcome:
+    """Where the training child is, as one phase with a reason."""
+
+    phase: Phase
+    reason: str
+    message: str
+    start_time: str | None = None
+    completion_time: str | None = None
+
+
+def reason_word(text: str | None, fallback: str) -> str:
+    """A condition reason: the child's own when it is CamelCase, else the fallback."""
+    return text if text and _REASON.match(text) and len(text) <= 1024 else fallback
+
+
+def is_finished(status: TrainingRunStatus) -> bool:
+    return any(
+        (c := find_condition(status.conditions, t)) is not None and c.status == TRUE
+        for t in (SUCCEEDED, FAILED)
+    )
+
+
+def _true(obj: Object, type_: str) -> Object | None:
+    for condition in obj.get("status", {}).get("conditions", []) or []:
+        if condition.get("type") == type_ and condition.get("status") == "True":
+            found: Object = condition
+            return found
+    return None
+
+
+def pool_state(pool: Object | None, pool_name: str) -> tuple[bool, str, str]:
+    """(ready, reason, message) of the referenced EnvPool."""
+    if pool is None:
+        return False, "EnvPoolNotFound", f"EnvPool {pool_name} does not exist in this namespace"
+    status = pool.get("status", {}) or {}
+    ready = _true(pool, "Ready")
+    if ready is None:
+        condition = next(
+            (c for c in status.get("conditions", []) or [] if c.get("type") == "Ready"), None
+        )
+        detail = (
+            f"{condition.get('reason', '')}: {condition.get('message', '')}"
+            if condition
+            else "it reports no Ready condition yet"
+        )
+        return False, "EnvPoolNotReady", f"EnvPool {pool_name} is not Ready ({detail})"
+    if not status.get("url"):
+        return False, "EnvPoolNotReady", f"EnvPool {pool_name} is Ready but has no status.url"
+    return True, "EnvPoolReady", f"EnvPool {pool_name} is Ready at {status['url']}"
+
+
+def parse_summary(message: str | None) -> tuple[dict[str, Any] | None, str | None]:
+    """(JSON summary, other text) from the preflight's termination message."""
+    if not message or not message.strip():
+        return None, None
+    candidates = [message.strip(), *reversed(message.strip().splitlines())]
+    for candidate in candidates:
+        try:
+            parsed = json.loads(candidate)
+        except ValueError:
+            continue
+        if isinstance(parsed, dict):
+            return parsed, None
+    return None, message.strip()[-2000:]
+
+
+def _job_outcome(job: Object, spec: TrainingRunSpec) -> _Outcome:
+    status = job.get("status", {}) or {}
+    name = job["metadata"]["name"]
+    start = status.get("startTime")
+    if (done := _true(job, "Complete")) is not None:
+        return _Outcome(
+            Phase.SUCCEEDED,
+            "TrainingSucceeded",
+            f"Job {name} completed",
+            start,
+            status.get("completionTime") or done.get("lastTransitionTime"),
+        )
+    if (failed := _true(job, "Failed")) is not None:
+        return _Outcome(
+            Phase.FAILED,
+            reason_word(failed.get("reason"), "TrainingFailed"),
+            f"Job {name} failed: {failed.get('message') or failed.get('reason') or 'no detail'}",
+            start,
+            failed.get("lastTransitionTime"),
+        )
+    if render.child_suspended(job) or _true(job, "Suspended") is not None:
+        return _suspended(spec, f"Job {name}")
+    if status.get("active", 0) > 0:
+        return _Outcome(Phase.RUNNING, "TrainingRunning", f"Job {name} is running", start)
+    return _Outcome(Phase.STARTING, "TrainingStarting", f"Job {name} is starting its pod")
+
+
+def _rayjob_outcome(rayjob: Object, spec: TrainingRunSpec) -> _Outcome:
+    status = rayjob.get("status", {}) or {}
+    name = rayjob["metadata"]["name"]
+    deployment = status.get("jobDeploymentStatus", "")
+    job_status = status.get("jobStatus", "")
+    start, end = status.get("startTime"), status.get("endTime")
+    detail = status.get("message") or status.get("reason") or f"jobStatus {job_status or 'unset'}"
+    if deployment == "Complete" and job_status == "SUCCEEDED":
+        return _Outcome(
+            Phase.SUCCEEDED, "TrainingSucceeded", f"RayJob {name} succeeded", start, end
+        )
+    if deployment in ("Failed", "ValidationFailed") or (
+        deployment == "Complete" and job_status in ("FAILED", "STOPPED")
+    ):
+        return _Outcome(
+            Phase.FAILED,
+            reason_word(status.get("reason"), "TrainingFailed"),
+            f"RayJob {name} failed: {detail}",
+            start,
+            end,
+        )
+    if render.child_suspended(rayjob) or deployment in ("Suspended", "Suspending"):
+        return _suspended(spec, f"RayJob {name}")
+    if deployment == "Running":
+        return _Outcome(Phase.RUNNING, "TrainingRunning", f"RayJob {name} is running", start)
+    return _Outcome(
+        Phase.STARTING,
+        "TrainingStarting",
+        f"RayJob {name} is starting ({deployment or 'no status yet'})",
+    )
+
+
+def _suspended(spec: TrainingRunSpec, what: str) -> _Outcome:
+    if spec.suspend:
+        return _Outcome(Phase.SUSPENDED, "Suspended", f"{what} is suspended (spec.suspend)")
+    if spec.queue_name is None:
+        return _Outcome(Phase.STARTING, "Resuming", f"{what} is being resumed")
+    return _Outcome(
+        Phase.QUEUED,
+        "WaitingForAdmission",
+        f"{what} waits for Kueue to admit it from queue {spec.queue_name}",
+    )
+
+
+def _preflight_outcome(
+    job: Object, message: str | None
+) -> tuple[bool | None, str, str, PreflightStatus]:
+    """(passed, reason, message, status.preflight); passed is None while the Job runs."""
+    name = job["metadata"]["name"]
+    summary, text = parse_summary(message)
+    shown = json.dumps(summary, sort_keys=True) if summary is not None else text
+    if _true(job, "Complete") is not None:
+        result = PreflightStatus(job_name=name, passed=True, summary=summary, message=text)
+        return True, "PreflightSucceeded", shown or f"Job {name} completed", result
+    if (failed := _true(job, "Failed")) is not None:
+        why = shown or failed.get("message") or failed.get("reason") or "no output"
+        result = PreflightStatus(job_name=name, passed=False, summary=summary, message=text)
+        return False, "PreflightFailed", f"preflight Job {name} failed: {why}", result
+    running = PreflightStatus(job_name=name)
+    return None, "PreflightRunning", f"preflight Job {name} is running", running
+
+
+class _Writer:
+    """Builds the next status from the previous one, one condition at a time."""
+
+    def __init__(self, previous: TrainingRunStatus, generation: int, now: str) -> None:
+        self.previous = previous
+        self.status = previous.model_copy(update={"observed_generation": generation})
+        self.generation = generation
+        self.now = now
+
+    def condition(self, type_: str, status: ConditionStatus, reason: str, message: str) -> None:
+        conditions: list[Condition] = set_condition(
+            list(self.status.conditions),
+            type=type_,
+            status=status,
+            reason=reason,
+            message=message,
+            generation=self.generation,
+            now=self.now,
+        )
+        self.status = self.status.model_copy(update={"conditions": conditions})
+
+    def update(self, **fields: Any) -> None:
+        self.status = self.status.model_copy(update=fields)
+
+    def phase(self, outcome: _Outcome) -> None:
+        for type_, phases in _PHASE_CONDITIONS:
+            if outcome.phase in phases:
+                self.condition(type_, TRUE, outcome.reason, outcome.message)
+            else:
+                self.condition(type_, FALSE, outcome.phase.value, outcome.message)
+        fields: dict[str, Any] = {"phase": outcome.phase}
+        if outcome.start_time and not self.status.start_time:
+            fields["start_time"] = outcome.start_time
+        elif outcome.phase == Phase.RUNNING and not self.status.start_time:
+            fields["start_time"] = self.now
+        if outcome.phase in (Phase.SUCCEEDED, Phase.FAILED) and not self.status.completion_time:
+            fields["completion_time"] = outcome.completion_time or self.now
+        self.update(**fields)
+
+    def events(self, outcome: _Outcome | None) -> list[Event]:
+        """One Event per transition: the phase, and the pool or preflight flipping mid-run."""
+        found: list[Event] = []
+        for type_ in (ENV_POOL_READY, PREFLIGHT_PASSED):
+            before = find_condition(self.previous.conditions, type_)
+            after = find_condition(self.status.conditions, type_)
+            if (
+                after is not None
+                and after.status != UNKNOWN
+                and (before is None or before.status != after.status)
+            ):
+                warn = after.status == FALSE
+                found.append(Event("Warning" if warn else "Normal", after.reason, after.message))
+        if outcome is not None and outcome.phase != self.previous.phase:
+            warn = outcome.phase == Phase.FAILED
+            found.append(Event("Warning" if warn else "Normal", outcome.reason, outcome.message))
+        return found
+
+
+def _ttl_wake(spec: TrainingRunSpec, status: TrainingRunStatus, now: datetime.datetime) -> float:
+    """Seconds until the finished run is due for deletion (0 or less: due now)."""
+    assert spec.ttl_seconds_after_finished is not None
+    finished = status.completion_time or now_rfc3339(now)
+    ended = datetime.datetime.strptime(finished, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+    due = ended + datetime.timedelta(seconds=spec.ttl_seconds_after_finished)
+    return (due - now).total_seconds()
+
+
+def _finish(plan: Plan, spec: TrainingRunSpec, now: datetime.datetime) -> Plan:
+    if is_finished(plan.status) and spec.ttl_seconds_after_finished is not None:
+        remaining = _ttl_wake(spec, plan.status, now)
+        plan.delete_run = remaining <= 0
+        plan.wake_after = None if plan.delete_run else remaining
+    return plan
+
+
+def plan(
+    run: Run,
+    spec: TrainingRunSpec,
+    previous: TrainingRunStatus,
+    observed: Observed,
+    now: datetime.datetime,
+) -> Plan:
+    """Everything the operator does for one TrainingRun in one reconcile."""
+    writer = _Writer(previous, run.generation, now_rfc3339(now))
+
+    if is_finished(previous):
+        # A finished run is a record: its children are never made again.
+        return _finish(Plan(status=writer.status), spec, now)
+
+    def done(outcome: _Outcome | None, create: list[Object] | None = None) -> Plan:
+        if outcome is not None:
+            writer.phase(outcome)
+        result = Plan(status=writer.status, create=create or [], events=writer.events(outcome))
+        return _finish(result, spec, now)
+
+    if spec.nodes > 1 and observed.training is None and observed.rayjob_served is False:
+        return done(
+            _Outcome(
+                Phase.FAILED,
+                "RayJobCRDMissing",
+                f"nodes={spec.nodes} renders a KubeRay RayJob (ray.io/v1), which this cluster "
+                "does not serve: install the KubeRay operator, or use nodes: 1",
+            )
+        )
+
+    pool_name = spec.env_pool_ref.name
+    ready, reason, message = pool_state(observed.pool, pool_name)
+    writer.condition(ENV_POOL_READY, TRUE if ready else FALSE, reason, message)
+
+    if observed.training is not None:
+        return _follow_child(spec, observed.training, writer, now)
+
+    if not ready:
+        return done(_Outcome(Phase.WAITING_FOR_ENV_POOL, reason, message))
+    if spec.suspend:
+        return done(_Outcome(Phase.SUSPENDED, "Suspended", "the run is suspended (spec.suspend)"))
+
+    assert observed.pool is not None
+    target = RunTarget(
+        name=run.name,
+        namespace=run.namespace,
+        uid=run.uid,
+        spec=spec,
+        pool_url=observed.pool["status"]["url"],
+        env=observed.pool.get("spec", {}).get("env", ""),
+        trainer_image=spec.image or run.trainer_image,
+        preflight_image=spec.preflight.image or run.preflight_image,
+    )
+    writer.update(env_pool_url=target.pool_url)
+
+    passed_before = find_condition(previous.conditions, PREFLIGHT_PASSED)
+    if not spec.preflight.enabled:
+        writer.condition(
+            PREFLIGHT_PASSED, TRUE, "PreflightDisabled", "spec.preflight.enabled is false"
+        )
+    elif passed_before is None or passed_before.status != TRUE:
+        if observed.preflight_job is None:
+            job = render.preflight_job(target)
+            name = job["metadata"]["name"]
+            writer.condition(PREFLIGHT_PASSED, UNKNOWN, "PreflightRunning", f"created Job {name}")
+            writer.update(preflight=PreflightStatus(job_name=name))
+            outcome = _Outcome(
+                Phase.PREFLIGHT,
+                "PreflightStarted",
+                f"playing {spec.preflight.episodes} {spec.preflight.policy} episodes "
+                f"through {target.pool_url} (Job {name})",
+            )
+            return done(outcome, [job])
+        passed, why, detail, result = _preflight_outcome(
+            observed.preflight_job, observed.preflight_message
+        )
+        writer.update(preflight=result)
+        if passed is None:
+            writer.condition(PREFLIGHT_PASSED, UNKNOWN, why, detail)
+            return done(_Outcome(Phase.PREFLIGHT, why, detail))
+        writer.condition(PREFLIGHT_PASSED, TRUE if passed else FALSE, why, detail)
+        if not passed:
+            return done(_Outcome(Phase.FAILED, why, detail))
+
+    child = render.training_child(target)
+    api_version, kind = child["apiVersion"], child["kind"]
+    child_name = child["metadata"]["name"]
+    writer.update(training=ChildRef(api_version=api_version, kind=kind, name=child_name))
+    created = _Outcome(
+        Phase.QUEUED if spec.queue_name else Phase.STARTING,
+        "WaitingForAdmission" if spec.queue_name else "TrainingCreated",
+        f"created {kind} {child_name}: {spec.nodes} x {spec.gpus_per_node} GPUs, "
+        f"{spec.algorithm} on {spec.model.path}"
+        + (f", queued in {spec.queue_name}" if spec.queue_name else ""),
+    )
+    return done(created, [render.config_map(target), child])
+
+
+def _follow_child(
+    spec: TrainingRunSpec, child: Object, writer: _Writer, now: datetime.datetime
+) -> Plan:
+    """The training child exists: mirror it, and hand it spec.suspend."""
+    outcome = _job_outcome(child, spec) if child["kind"] == "Job" else _rayjob_outcome(child, spec)
+    writer.update(
+        training=ChildRef(
+            api_version=child["apiVersion"], kind=child["kind"], name=child["metadata"]["name"]
+        )
+    )
+    writer.phase(outcome)
+    suspend: bool | None = None
+    finished = outcome.phase in (Phase.SUCCEEDED, Phase.FAILED)
+    if not finished and spec.suspend and not render.child_suspended(child):
+        suspend = True
+    elif not finished and not spec.suspend and render.child_suspended(child):
+        # A queued child is Kueue's to unsuspend once admitted.
+        suspend = None if spec.queue_name else False
+    result = Plan(status=writer.status, suspend_child=suspend, events=writer.events(outcome))
+    return _finish(result, spec, now)

@@ -1,0 +1,234 @@
+"""The TrainingRun resource: spec and status models. The CRD schema is generated from these."""
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field
+
+from gymkube_operator.conditions import CONDITIONS_SCHEMA_EXTRA, Condition, Timestamp
+from gymkube_operator.kinds import CamelModel, FreeForm, Quantity, ResourceRequirements
+
+KIND = "TrainingRun"
+PLURAL = "trainingruns"
+
+# verl 0.9.1's advantage estimators (verl.trainer.ppo.core_algos.AdvantageEstimator); "gae" is PPO.
+Algorithm = Literal[
+    "grpo",
+    "gae",
+    "rloo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "remax",
+    "opo",
+    "grpo_passk",
+    "gpg",
+    "rloo_vectorized",
+    "grpo_vectorized",
+    "optimal_token_baseline",
+    "tir_optimal_token_baseline",
+    "gdpo",
+]
+
+# One Hydra override: key=value, +key=value (add), ++key=value (force) or ~key (delete).
+OVERRIDE_PATTERN = r"^(~[A-Za-z_][A-Za-z0-9_.@/-]*(=.*)?|(\+\+|\+)?[A-Za-z_][A-Za-z0-9_.@/-]*=.*)$"
+NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+def _rules(*rules: tuple[str, str]) -> dict[str, Any]:
+    return {"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]}
+
+
+class EnvPoolRef(CamelModel):
+    """The EnvPool (same namespace) whose URL the agent loop talks to."""
+
+    name: str = Field(
+        min_length=1, max_length=63, pattern=NAME_PATTERN, description="EnvPool name."
+    )
+
+
+class ModelSpec(CamelModel):
+    """The policy model verl loads: a path inside a mounted volume, or a hub id with no volume."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            (
+                "!has(self.volume) || self.path.startsWith(self.mountPath + '/')",
+                "model.path must lie under model.mountPath when model.volume is set",
+            ),
+        )
+    )
+
+    path: str = Field(
+        min_length=1, description="actor_rollout_ref.model.path, e.g. /models/Qwen2.5-7B-Instruct."
+    )
+    volume: FreeForm | None = Field(
+        None,
+        description=(
+            "A Kubernetes volume source holding the model, e.g. "
+            "{persistentVolumeClaim: {claimName: models}}; mounted read-only at mountPath."
+        ),
+    )
+    mount_path: str = Field(
+        "/models", pattern=r"^/.*[^/]$", description="Where the model volume is mounted."
+    )
+
+
+class AgentLoopSpec(CamelModel):
+    """Settings of the gymkube agent loop, written into the agent-loop YAML."""
+
+    prompt_template: str | None = Field(
+        None,
+        min_length=1,
+        description="Prompt template name (e.g. sciworld, frozen_lake); the env's own when unset.",
+    )
+    max_turns: int = Field(20, ge=1, le=1000, description="Assistant turns per episode.")
+    max_observation_tokens: int = Field(
+        2048, ge=16, le=1_000_000, description="Tokens of one env observation kept in context."
+    )
+    reward: Literal["final", "best"] = Field(
+        "final",
+        description="Episode reward: the final score, or the best score reached (normalised).",
+    )
+    max_prompt_tokens: int = Field(
+        2048, ge=64, le=1_000_000, description="data.max_prompt_length: the first prompt's budget."
+    )
+    max_response_tokens: int = Field(
+        8192,
+        ge=64,
+        le=1_000_000,
+        description="data.max_response_length: all turns after the prompt, model and env tokens.",
+    )
+
+
+class DatasetSpec(CamelModel):
+    """Which env tasks become verl's train and validation parquet (built by gymkube-dataset)."""
+
+    split: Literal["train", "dev", "test"] = Field("train", description="Training split.")
+    size: int = Field(2000, ge=1, le=10_000_000, description="Training rows.")
+    val_split: Literal["train", "dev", "test"] = Field("dev", description="Validation split.")
+    val_size: int = Field(200, ge=1, le=10_000_000, description="Validation rows.")
+    seed: int = Field(0, ge=0, description="Sampling seed: same seed, same rows on every node.")
+
+
+class PreflightSpec(CamelModel):
+    """Scripted episodes through the pool URL on CPU before any GPU is requested."""
+
+    enabled: bool = Field(True, description="Run the preflight before training.")
+    episodes: int = Field(8, ge=1, le=10_000, description="Whole episodes to play.")
+    policy: Literal["scripted", "random"] = Field("scripted", description="Non-LLM policy.")
+    image: str | None = Field(
+        None, min_length=1, description="Preflight image; the operator's default when unset."
+    )
+    active_deadline_seconds: int = Field(
+        900, ge=10, le=86400, description="The preflight Job fails after this long."
+    )
+
+
+class TrainingRunSpec(CamelModel):
+    """What a user asks for: a verl job on N nodes x G GPUs whose agent loop plays an EnvPool."""
+
+    env_pool_ref: EnvPoolRef = Field(description="The EnvPool the agent loop plays.")
+    image: str | None = Field(
+        None, min_length=1, description="Trainer image (verl + vLLM + gymkube-agentloop)."
+    )
+    model: ModelSpec = Field(description="The policy model.")
+    nodes: int = Field(
+        1, ge=1, le=1024, description="1 renders a batch Job; more render a KubeRay RayJob."
+    )
+    gpus_per_node: int = Field(8, ge=1, le=64, description="nvidia.com/gpu per node.")
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements,
+        description="CPU and memory of each trainer pod; GPUs come from gpusPerNode.",
+    )
+    shm_size: Quantity = Field(
+        "64Gi", description="Size of /dev/shm (memory-backed) for vLLM, NCCL and Ray."
+    )
+    algorithm: Algorithm = Field("grpo", description="verl algorithm.adv_estimator.")
+    agent_loop: AgentLoopSpec = Field(
+        default_factory=AgentLoopSpec, description="Agent-loop settings."
+    )
+    dataset: DatasetSpec = Field(default_factory=DatasetSpec, description="Dataset rows.")
+    overrides: list[Annotated[str, Field(pattern=OVERRIDE_PATTERN)]] = Field(
+        default_factory=list,
+        description="Hydra overrides for verl.trainer.main_ppo, applied after gymkube's own.",
+    )
+    checkpoints: FreeForm | None = Field(
+        None,
+        description=(
+            "Volume source for checkpoints (mounted at /checkpoints; the run writes "
+            "/checkpoints/<name> and resumes from it). An emptyDir, lost with the pod, when unset."
+        ),
+    )
+    pod_template: FreeForm = Field(
+        default_factory=dict,
+        description=(
+            "Pod spec fields merged into the trainer pods (nodeSelector, tolerations, "
+            "volumes, containers by name, ...)."
+        ),
+    )
+    preflight: PreflightSpec = Field(
+        default_factory=PreflightSpec, description="Preflight through the pool URL."
+    )
+    queue_name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=63,
+        description="Kueue LocalQueue: the child is labelled and created suspended for admission.",
+    )
+    suspend: bool = Field(False, description="Suspend the training child (and hold new ones).")
+    backoff_limit: int = Field(0, ge=0, le=100, description="Retries of the training child.")
+    active_deadline_seconds: int | None = Field(
+        None, ge=1, description="The training child fails after running this long."
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        None, ge=0, description="Delete the TrainingRun (and its children) this long after it ends."
+    )
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    WAITING_FOR_ENV_POOL = "WaitingForEnvPool"
+    PREFLIGHT = "Preflight"
+    STARTING = "Starting"
+    QUEUED = "Queued"
+    RUNNING = "Running"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class ChildRef(CamelModel):
+    """The training workload the run created."""
+
+    api_version: str = Field(description="batch/v1 or ray.io/v1.")
+    kind: str = Field(description="Job or RayJob.")
+    name: str = Field(description="Its name, in the run's namespace.")
+
+
+class PreflightStatus(CamelModel):
+    """What the preflight Job reported."""
+
+    job_name: str | None = Field(None, description="The preflight Job.")
+    passed: bool | None = Field(None, description="Unset while it runs.")
+    summary: FreeForm | None = Field(None, description="gymkube-preflight's JSON summary.")
+    message: str | None = Field(None, description="Output when the summary was not JSON.")
+
+
+class TrainingRunStatus(CamelModel):
+    """What the operator observed, computed from the pool and the children."""
+
+    phase: Phase = Field(Phase.PENDING, description="One word for `kubectl get`.")
+    env_pool_url: str | None = Field(None, description="The pool URL the run uses.")
+    training: ChildRef | None = Field(None, description="The training Job or RayJob.")
+    preflight: PreflightStatus | None = Field(None, description="Preflight result.")
+    start_time: Timestamp | None = Field(None, description="When the training child started.")
+    completion_time: Timestamp | None = Field(None, description="When the run ended.")
+    observed_generation: int = Field(0, ge=0, description="The spec generation last acted on.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description=(
+            "EnvPoolReady, PreflightPassed, Running, Succeeded, Failed and Suspended, "
+            "as metav1.Condition."
+        ),
+        json_schema_extra=CONDITIONS_SCHEMA_EXTRA,
+    )

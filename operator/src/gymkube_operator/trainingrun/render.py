@@ -1,0 +1,269 @@
+"""Pure builders of a TrainingRun's children: the preflight Job, the ConfigMap, the training Job or
+RayJob. Plain dicts, applied as they are by server-side apply."""
+
+from typing import Any
+
+from gymkube_operator.objects import (
+    RESTRICTED_CONTAINER,
+    RESTRICTED_POD,
+    Object,
+    Owner,
+    merge,
+)
+from gymkube_operator.trainingrun import command
+from gymkube_operator.trainingrun.command import RunTarget
+from gymkube_operator.trainingrun.models import KIND
+
+RUN_LABEL = "gymkube.io/trainingrun"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PREFLIGHT = "preflight"
+TRAINER = "trainer"
+
+JOB_API = "batch/v1"
+RAYJOB_API = "ray.io/v1"
+RAY_GPU_GROUP = "gpu"
+# The user the gymkube images run as; fsGroup makes the checkpoints volume writable for it.
+IMAGE_UID = 10001
+
+PREFLIGHT_RESOURCES: Object = {
+    "requests": {"cpu": "250m", "memory": "256Mi"},
+    "limits": {"memory": "1Gi"},
+}
+
+
+def owner(target: RunTarget) -> Owner:
+    return Owner(kind=KIND, name=target.name, namespace=target.namespace, uid=target.uid)
+
+
+def labels(target: RunTarget, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "gymkube",
+        "app.kubernetes.io/managed-by": "gymkube-operator",
+        COMPONENT_LABEL: component,
+        RUN_LABEL: target.name,
+    }
+
+
+def config_map_name(run: str) -> str:
+    return f"{run}-agent-loop"
+
+
+def preflight_job_name(run: str) -> str:
+    return f"{run}-preflight"
+
+
+def training_name(run: str) -> str:
+    return f"{run}-train"
+
+
+def training_api_version(nodes: int) -> tuple[str, str]:
+    """(apiVersion, kind) of the training child: a Job on one node, a RayJob on several."""
+    return (JOB_API, "Job") if nodes == 1 else (RAYJOB_API, "RayJob")
+
+
+def config_map(target: RunTarget) -> Object:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": owner(target).metadata(config_map_name(target.name), labels(target, TRAINER)),
+        "data": command.config_files(target),
+    }
+
+
+def preflight_job(target: RunTarget) -> Object:
+    """A CPU-only Job playing scripted episodes through the pool URL; never queued or retried."""
+    preflight = target.spec.preflight
+    job_labels = labels(target, PREFLIGHT)
+    container = {
+        "name": PREFLIGHT,
+        "image": target.preflight_image,
+        "command": command.preflight_command(target),
+        "env": [{"name": "GYMKUBE_ENV_URL", "value": target.pool_url}],
+        "resources": PREFLIGHT_RESOURCES,
+        "securityContext": RESTRICTED_CONTAINER,
+        # Should the summary never be written (a crash), the log tail explains instead.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+    return {
+        "apiVersion": JOB_API,
+        "kind": "Job",
+        "metadata": owner(target).metadata(preflight_job_name(target.name), job_labels),
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": preflight.active_deadline_seconds,
+            "template": {
+                "metadata": {"labels": job_labels},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "automountServiceAccountToken": False,
+                    "securityContext": RESTRICTED_POD,
+                    "containers": [container],
+                    "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
+                },
+            },
+        },
+    }
+
+
+def _volumes(target: RunTarget) -> tuple[list[Object], list[Object]]:
+    """(volumes, mounts) every trainer container shares."""
+    spec = target.spec
+    volumes: list[Object] = [
+        {"name": "data", "emptyDir": {}},
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}},
+        {"name": "agent-loop", "configMap": {"name": config_map_name(target.name)}},
+        {"name": "checkpoints", **(spec.checkpoints or {"emptyDir": {}})},
+    ]
+    mounts: list[Object] = [
+        {"name": "data", "mountPath": command.DATA_DIR},
+        {"name": "shm", "mountPath": "/dev/shm"},
+        {"name": "agent-loop", "mountPath": command.CONFIG_DIR, "readOnly": True},
+        {"name": "checkpoints", "mountPath": command.CHECKPOINTS_DIR},
+    ]
+    if spec.model.volume is not None:
+        volumes.append({"name": "model", **spec.model.volume})
+        mounts.append({"name": "model", "mountPath": spec.model.mount_path, "readOnly": True})
+    return volumes, mounts
+
+
+def _env(target: RunTarget) -> list[Object]:
+    return [{"name": "GYMKUBE_ENV_URL", "value": target.pool_url}]
+
+
+def dataset_containers(target: RunTarget, mounts: list[Object]) -> list[Object]:
+    """Init containers writing verl's train and validation parquet into /data.
+
+    On a RayJob every node runs them: the same seed gives the same rows, so no shared volume is
+    needed for the dataset whichever node verl reads it on.
+    """
+    data_mount = [m for m in mounts if m["name"] == "data"]
+    return [
+        {
+            "name": name,
+            "image": target.trainer_image,
+            "command": args,
+            "env": _env(target),
+            "volumeMounts": data_mount,
+        }
+        for name, args in command.dataset_commands(target).items()
+    ]
+
+
+def trainer_container(
+    target: RunTarget, name: str, mounts: list[Object], args: list[str] | None
+) -> Object:
+    spec = target.spec
+    resources = spec.resources.to_api()
+    limits = {**resources.get("limits", {}), "nvidia.com/gpu": spec.gpus_per_node}
+    container: Object = {
+        "name": name,
+        "image": target.trainer_image,
+        "env": _env(target),
+        "resources": {**resources, "limits": limits},
+        "volumeMounts": mounts,
+    }
+    if args is not None:
+        container["command"] = args
+    return container
+
+
+def trainer_pod_spec(target: RunTarget, container_name: str, args: list[str] | None) -> Object:
+    """A trainer pod: dataset init containers, then one GPU container; podTemplate merged last."""
+    volumes, mounts = _volumes(target)
+    pod: Object = {
+        "securityContext": {"fsGroup": IMAGE_UID, "fsGroupChangePolicy": "OnRootMismatch"},
+        "initContainers": dataset_containers(target, mounts),
+        "containers": [trainer_container(target, container_name, mounts, args)],
+        "volumes": volumes,
+    }
+    merged: Object = merge(pod, target.spec.pod_template)
+    return merged
+
+
+def _child_metadata(target: RunTarget) -> Object:
+    meta = owner(target).metadata(training_name(target.name), labels(target, TRAINER))
+    if target.spec.queue_name:
+        meta["labels"][QUEUE_LABEL] = target.spec.queue_name
+    return meta
+
+
+def _starts_suspended(target: RunTarget) -> bool:
+    # Kueue admits a queued workload by unsuspending it, so it is created suspended.
+    return target.spec.suspend or target.spec.queue_name is not None
+
+
+def training_job(target: RunTarget) -> Object:
+    spec = target.spec
+    pod = trainer_pod_spec(target, TRAINER, command.verl_command(target))
+    pod["restartPolicy"] = "Never"
+    job_spec: Object = {
+        "backoffLimit": spec.backoff_limit,
+        "completions": 1,
+        "parallelism": 1,
+        "suspend": _starts_suspended(target),
+        "template": {"metadata": {"labels": labels(target, TRAINER)}, "spec": pod},
+    }
+    if spec.active_deadline_seconds is not None:
+        job_spec["activeDeadlineSeconds"] = spec.active_deadline_seconds
+    return {
+        "apiVersion": JOB_API,
+        "kind": "Job",
+        "metadata": _child_metadata(target),
+        "spec": job_spec,
+    }
+
+
+def training_rayjob(target: RunTarget) -> Object:
+    """A KubeRay RayJob: a GPU head and nodes-1 GPU workers; the head runs verl's driver."""
+    spec = target.spec
+    pod_labels = labels(target, TRAINER)
+    workers = spec.nodes - 1
+    ray_spec: Object = {
+        "entrypoint": command.verl_entrypoint(target),
+        "shutdownAfterJobFinishes": True,
+        # The Ray cluster holds the GPUs; it goes as soon as the job ends.
+        "ttlSecondsAfterFinished": 0,
+        "backoffLimit": spec.backoff_limit,
+        "suspend": _starts_suspended(target),
+        "rayClusterSpec": {
+            "headGroupSpec": {
+                "rayStartParams": {"dashboard-host": "0.0.0.0"},
+                "template": {
+                    "metadata": {"labels": pod_labels},
+                    "spec": trainer_pod_spec(target, "ray-head", None),
+                },
+            },
+            "workerGroupSpecs": [
+                {
+                    "groupName": RAY_GPU_GROUP,
+                    "replicas": workers,
+                    "minReplicas": workers,
+                    "maxReplicas": workers,
+                    "rayStartParams": {},
+                    "template": {
+                        "metadata": {"labels": pod_labels},
+                        "spec": trainer_pod_spec(target, "ray-worker", None),
+                    },
+                }
+            ],
+        },
+    }
+    if spec.active_deadline_seconds is not None:
+        ray_spec["activeDeadlineSeconds"] = spec.active_deadline_seconds
+    return {
+        "apiVersion": RAYJOB_API,
+        "kind": "RayJob",
+        "metadata": _child_metadata(target),
+        "spec": ray_spec,
+    }
+
+
+def training_child(target: RunTarget) -> Object:
+    return training_job(target) if target.spec.nodes == 1 else training_rayjob(target)
+
+
+def child_suspended(child: Object) -> bool:
+    suspended: Any = child.get("spec", {}).get("suspend", False)
+    return bool(suspended)
