@@ -8,18 +8,20 @@ rewritten, which keeps the router's own CPU per step small.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 import aiohttp
-import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 from pydantic import BaseModel, ValidationError
+from pydantic_settings import SettingsError
 
 from gymkube_envserver.router_metrics import RouterMetrics
 from gymkube_envserver.router_pool import Backend, Pool, RoutingError, session_lost
@@ -74,9 +76,7 @@ Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 def _json_response(
     status: int, payload: Any, headers: Mapping[str, str] | None = None
 ) -> web.Response:
-    return web.Response(
-        body=orjson.dumps(payload), status=status, content_type=JSON, headers=headers
-    )
+    return web.Response(body=_dumps(payload), status=status, content_type=JSON, headers=headers)
 
 
 def _error(error: RoutingError, retry_after: int) -> web.Response:
@@ -173,9 +173,9 @@ class Router:
     async def _route_body(self, request: web.BaseRequest, path: str) -> web.StreamResponse:
         body = await request.read()
         try:
-            message = orjson.loads(body)
+            message = json.loads(body.decode())
             session_id = message["id"]
-        except (orjson.JSONDecodeError, TypeError, KeyError):
+        except (ValueError, TypeError, KeyError):
             raise RoutingError(
                 ErrorCode.BAD_REQUEST, 'expected a JSON object with an "id"'
             ) from None
@@ -184,9 +184,9 @@ class Router:
         backend, backend_id = await self.pool.lookup(session_id)
         message["id"] = backend_id
         status, payload, headers = await self._forward(
-            request, backend, "POST", path, orjson.dumps(message)
+            request, backend, "POST", path, _swap_id(body, message, session_id, backend_id)
         )
-        if path == "/close" and status < 300:
+        if path == "/close" and status < 300 and _was_open(payload):
             self.pool.closed(backend)
         return self._respond(backend, path, status, payload, headers)
 
@@ -386,14 +386,39 @@ def _passed_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return passed
 
 
+def _dumps(message: Any) -> bytes:
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _swap_id(body: bytes, message: dict[str, Any], old: str, new: str) -> bytes:
+    """``body`` with its id ``old`` replaced by ``new`` (``message`` is body parsed, new id set).
+
+    Splicing the bytes is several times cheaper than re-encoding. It is exact when the quoted
+    id occurs once: inside another JSON string its quotes would be escaped.
+    """
+    needle = encode_basestring_ascii(old).encode()
+    if body.count(needle) == 1:
+        return body.replace(needle, encode_basestring_ascii(new).encode())
+    return _dumps(message)
+
+
+def _was_open(close_payload: bytes) -> bool:
+    try:
+        message = json.loads(close_payload.decode())
+    except ValueError:
+        return True
+    return not isinstance(message, dict) or message.get("was_open") is not False
+
+
 def _rewrite_id(backend: Backend, payload: bytes) -> bytes:
     try:
-        message = orjson.loads(payload)
-    except orjson.JSONDecodeError:
+        message = json.loads(payload.decode())
+    except ValueError:
         return payload
     if isinstance(message, dict) and isinstance(message.get("id"), str):
-        message["id"] = backend.session_id(message["id"])
-        return orjson.dumps(message)
+        backend_id = message["id"]
+        message["id"] = backend.session_id(backend_id)
+        return _swap_id(payload, message, backend_id, message["id"])
     return payload
 
 
@@ -432,6 +457,9 @@ def main(argv: list[str] | None = None) -> None:
             where = ".".join(str(part) for part in error["loc"]) or "settings"
             print(f"gymkube-router: {where}: {error['msg']}", file=sys.stderr)
         raise SystemExit(2) from None
+    except SettingsError as exc:
+        print(f"gymkube-router: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     try:
         import uvloop
     except ImportError:
@@ -440,3 +468,7 @@ def main(argv: list[str] | None = None) -> None:
         runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
     with runner:
         runner.run(serve(settings))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""Helpers for router tests: real env-server and router processes on free loopback ports."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import IO
+
+import httpx
+import pytest
+
+STARTUP_TIMEOUT = 60.0
+# Fast polling so the tests see pool changes quickly; production defaults are slower.
+FAST_POLLING = ["--poll-interval", "0.2", "--poll-timeout", "0.5", "--dead-after", "2"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class Proc:
+    name: str
+    args: list[str]
+    port: int = field(default_factory=free_port)
+    popen: subprocess.Popen[bytes] | None = None
+    log: IO[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> Proc:
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", *self.args, "--host", "127.0.0.1", "--port", str(self.port)],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        return self
+
+    def output(self) -> str:
+        if self.log is None:
+            return ""
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")[-4000:]
+
+    def wait_ready(self, path: str = "/readyz") -> None:
+        assert self.popen is not None
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.popen.poll() is not None:
+                pytest.fail(f"{self.name} exited with {self.popen.returncode}:\n{self.output()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.url + path, timeout=1.0).status_code == 200:
+                    return
+            time.sleep(0.05)
+        pytest.fail(f"{self.name} not ready after {STARTUP_TIMEOUT}s:\n{self.output()}")
+
+    def signal(self, signum: signal.Signals) -> None:
+        assert self.popen is not None
+        os.kill(self.popen.pid, signum)
+
+    def stop(self) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait(timeout=10)
+        if self.log is not None:
+            self.log.close()
+            self.log = None
+
+
+class Procs:
+    """Starts processes and stops every one of them at teardown."""
+
+    def __init__(self) -> None:
+        self._started: list[Proc] = []
+
+    def env_server(self, max_sessions: int, warm: int = 1) -> Proc:
+        return self._start(
+            Proc(
+                f"env server (max {max_sessions})",
+                [
+                    "gymkube_envserver.server",
+                    "--env",
+                    "frozen_lake",
+                    "--max-sessions",
+                    str(max_sessions),
+                    "--warm",
+                    str(warm),
+                    "--canary-interval",
+                    "0",
+                    "--log-level",
+                    "warning",
+                ],
+            )
+        )
+
+    def router(self, *args: str, port: int | None = None, fast_polling: bool = True) -> Proc:
+        polling = FAST_POLLING if fast_polling else []
+        proc = Proc("router", ["gymkube_envserver.router", *polling, *args])
+        if port is not None:
+            proc.port = port
+        return self._start(proc)
+
+    def router_for(
+        self, backends: list[Proc], *args: str, port: int | None = None, fast_polling: bool = True
+    ) -> Proc:
+        addresses = ",".join(b.address for b in backends)
+        return self.router("--backends", addresses, *args, port=port, fast_polling=fast_polling)
+
+    def _start(self, proc: Proc) -> Proc:
+        self._started.append(proc.start())
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in self._started:
+            proc.stop()
+
+
+def wait_all(*procs: Proc) -> None:
+    for proc in procs:
+        proc.wait_ready()
+
+
+def active_sessions(backend: Proc) -> int:
+    active: int = httpx.get(backend.url + "/status", timeout=2.0).json()["active"]
+    return active
+
+
+def backend_id(session_id: str) -> str:
+    """The env server's own id inside a router session id (``<backend token>.<id>``)."""
+    return session_id.partition(".")[2]
+
+
+def play_until_done(
+    client: httpx.Client, session_id: str, max_steps: int = 40
+) -> dict[str, object]:
+    """Step a FrozenLake episode to its end with a fixed move cycle; returns the last step."""
+    moves = ["right", "down", "left", "down", "right", "up"]
+    for turn in range(max_steps):
+        response = client.post(
+            "/step", json={"id": session_id, "action": f"<action>{moves[turn % 6]}</action>"}
+        )
+        assert response.status_code == 200, response.text
+        body: dict[str, object] = response.json()
+        if body["done"]:
+            return body
+    pytest.fail(f"episode of {session_id} not done after {max_steps} steps")

@@ -1,0 +1,120 @@
+"""Lost backends, hung backends and a full pool, with real env-server processes."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+from router_harness import Procs, play_until_done, wait_all
+
+pytestmark = pytest.mark.unit
+
+LOST_WITHIN_S = 2.0
+
+
+def open_sessions(http: httpx.Client, count: int) -> list[str]:
+    sessions = []
+    for data_idx in range(count):
+        session_id = http.post("/create", json={}).json()["id"]
+        reset = http.post("/reset", json={"id": session_id, "data_idx": data_idx})
+        assert reset.status_code == 200, reset.text
+        sessions.append(session_id)
+    return sessions
+
+
+def step_once(http: httpx.Client, session_id: str) -> tuple[httpx.Response, float]:
+    started = time.monotonic()
+    response = http.post("/step", json={"id": session_id, "action": "<action>left</action>"})
+    return response, time.monotonic() - started
+
+
+def split_by_outcome(
+    http: httpx.Client, sessions: list[str]
+) -> tuple[list[str], list[str], list[float]]:
+    lost, alive, lost_after = [], [], []
+    for session_id in sessions:
+        response, took = step_once(http, session_id)
+        if response.status_code == 410:
+            assert response.json()["error"]["code"] == "session_lost"
+            lost.append(session_id)
+            lost_after.append(took)
+        else:
+            assert response.status_code == 200, response.text
+            alive.append(session_id)
+    return lost, alive, lost_after
+
+
+def test_killed_backend_loses_its_sessions_fast_and_others_finish(procs: Procs) -> None:
+    doomed, survivor = procs.env_server(max_sessions=2), procs.env_server(max_sessions=2)
+    # Production polling (1 s, two misses): the 410s must come from the refused connections.
+    router = procs.router_for([doomed, survivor], fast_polling=False)
+    wait_all(doomed, survivor, router)
+    with httpx.Client(base_url=router.url, timeout=30.0) as http:
+        sessions = open_sessions(http, 4)
+        doomed.signal(signal.SIGKILL)
+        assert doomed.popen is not None
+        doomed.popen.wait(timeout=10)
+
+        lost, alive, lost_after = split_by_outcome(http, sessions)
+        assert len(lost) == 2
+        assert len(alive) == 2
+        assert max(lost_after) < LOST_WITHIN_S
+        for session_id in lost:  # and they stay lost, fast
+            response, took = step_once(http, session_id)
+            assert response.status_code == 410
+            assert took < LOST_WITHIN_S
+
+        for session_id in alive:
+            play_until_done(http, session_id)
+            assert http.post("/close", json={"id": session_id}).status_code == 200
+        assert http.get("/readyz").status_code == 200
+
+
+def test_hung_backend_answers_410_for_a_step_in_flight(procs: Procs) -> None:
+    hung, healthy = procs.env_server(max_sessions=1), procs.env_server(max_sessions=1)
+    router = procs.router_for([hung, healthy])
+    wait_all(hung, healthy, router)
+    with httpx.Client(base_url=router.url, timeout=30.0) as http:
+        sessions = open_sessions(http, 2)
+        # A stopped process keeps its sockets: connects succeed, answers never come.
+        hung.signal(signal.SIGSTOP)
+        try:
+            lost, alive, lost_after = split_by_outcome(http, sessions)
+        finally:
+            hung.signal(signal.SIGKILL)
+        assert len(lost) == 1
+        assert len(alive) == 1
+        # Polling every 0.2 s with a 0.5 s timeout, dead after two misses.
+        assert max(lost_after) < LOST_WITHIN_S
+        play_until_done(http, alive[0])
+
+
+def test_full_pool_answers_503_with_retry_after(procs: Procs) -> None:
+    backend = procs.env_server(max_sessions=2)
+    impatient = procs.router_for([backend], "--create-wait", "0.3", "--retry-after", "3")
+    patient = procs.router_for([backend], "--create-wait", "20")
+    wait_all(backend, impatient, patient)
+    with httpx.Client(base_url=impatient.url, timeout=30.0) as http:
+        sessions = [http.post("/create", json={}).json()["id"] for _ in range(2)]
+
+        started = time.monotonic()
+        refused = http.post("/create", json={})
+        assert refused.status_code == 503
+        assert refused.headers["retry-after"] == "3"
+        assert refused.json()["error"]["code"] == "at_capacity"
+        assert 0.3 <= time.monotonic() - started < 5
+
+        # A create that may wait gets the slot a close frees, through another replica.
+        waited: list[httpx.Response] = []
+        waiter = threading.Thread(
+            target=lambda: waited.append(httpx.post(patient.url + "/create", json={}, timeout=30))
+        )
+        waiter.start()
+        time.sleep(0.5)
+        assert not waited, "the create should still be waiting for room"
+        assert http.post("/close", json={"id": sessions[0]}).status_code == 200
+        waiter.join(timeout=10)
+        assert [response.status_code for response in waited] == [200]
