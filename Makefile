@@ -49,6 +49,10 @@ fmt: install ## Apply ruff fixes and formatting.
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
+.PHONY: manifests
+manifests: install ## Regenerate the CRD YAML (operator package, chart, kustomize) from the models.
+	$(PY) -m gymkube_operator.crds write
+
 ##@ Tools (built from the Go module proxy into $(GYMKUBE_CACHE))
 
 .PHONY: tools
