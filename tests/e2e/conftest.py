@@ -1,0 +1,130 @@
+"""e2e fixtures: the cluster from GYMKUBE_E2E_KUBECONFIG, the operator installed by its Helm chart
+through pyhelm3, a namespace per test, and a dump of operator logs, events and pod descriptions
+when a test fails.
+
+The e2e tests are opt-in: `pytest tests` deselects them unless GYMKUBE_E2E_KUBECONFIG names a
+cluster (`make test-e2e` brings up the local cluster and sets it). Asking for them explicitly
+(`-m e2e`) without a cluster is a usage error, never a silent skip.
+"""
+
+import asyncio
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from e2e_cluster import OPT_IN, Cluster, E2ESettings, find_tool, wait_until
+from kubernetes.client.exceptions import ApiException
+from pyhelm3 import Client as HelmClient  # type: ignore[import-untyped]
+
+NAMESPACE_DELETE_TIMEOUT_S = 180.0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    e2e = [item for item in items if item.get_closest_marker("e2e")]
+    if not e2e or os.environ.get(OPT_IN):
+        return
+    if re.search(r"\be2e\b", config.option.markexpr or ""):
+        raise pytest.UsageError(
+            f"the e2e tests need a cluster: set {OPT_IN} to its kubeconfig "
+            "(`make test-e2e` starts the local cluster and sets it)"
+        )
+    config.hook.pytest_deselected(items=e2e)
+    items[:] = [item for item in items if not item.get_closest_marker("e2e")]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    # Fixtures read this in teardown to decide whether to dump diagnostics.
+    item.stash.setdefault(FAILED_PHASES, set())
+    if report.failed:
+        item.stash[FAILED_PHASES].add(report.when)
+    return report
+
+
+FAILED_PHASES = pytest.StashKey[set[str]]()
+
+
+@pytest.fixture(scope="session")
+def settings() -> E2ESettings:
+    return E2ESettings()  # type: ignore[call-arg]  # kubeconfig comes from the environment
+
+
+@pytest.fixture(scope="session")
+def cluster(settings: E2ESettings) -> Cluster:
+    if not settings.kubeconfig.is_file():
+        raise pytest.UsageError(f"{OPT_IN}={settings.kubeconfig} is not a file")
+    cluster = Cluster(settings)
+    try:
+        cluster.core.list_namespace(limit=1)
+    except Exception as err:  # any failure here means the kubeconfig does not reach a cluster
+        raise pytest.UsageError(
+            f"the cluster in {settings.kubeconfig} does not answer: {err}"
+        ) from err
+    return cluster
+
+
+def _chart_values(settings: E2ESettings) -> dict[str, Any]:
+    """Values pointing the chart at the images under test (loaded into the cluster, not pulled)."""
+    return {
+        "image": {
+            "repository": "gymkube/operator",
+            "tag": settings.image_tag,
+            "pullPolicy": settings.image_pull_policy,
+        },
+        "envPool": {
+            "envserverImage": settings.image("envserver"),
+            "routerImage": settings.image("router"),
+            "imagePullPolicy": settings.image_pull_policy,
+        },
+        "trainingRun": {"preflightImage": settings.preflight_image},
+    }
+
+
+@pytest.fixture(scope="session")
+def operator(cluster: Cluster, settings: E2ESettings) -> Iterator[Cluster]:
+    """The chart installed (or upgraded) through pyhelm3; uninstalled after the session."""
+    helm = HelmClient(executable=find_tool("helm"), kubeconfig=settings.kubeconfig)
+
+    async def install() -> None:
+        chart = await helm.get_chart(str(settings.chart))
+        await helm.install_or_upgrade_release(
+            settings.release,
+            chart,
+            _chart_values(settings),
+            namespace=settings.operator_namespace,
+            create_namespace=True,
+            wait=True,
+            timeout="5m",
+        )
+
+    asyncio.run(install())
+    yield cluster
+    asyncio.run(helm.uninstall_release(settings.release, namespace=settings.operator_namespace))
+
+
+@pytest.fixture
+def namespace(
+    request: pytest.FixtureRequest, operator: Cluster, settings: E2ESettings
+) -> Iterator[str]:
+    """A fresh namespace for one test; on failure its story is printed before it is deleted."""
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].rstrip("-")
+    name = f"e2e-{slug}-{uuid.uuid4().hex[:5]}"
+    operator.core.create_namespace({"metadata": {"name": name, "labels": {"gymkube-e2e": "true"}}})
+    yield name
+    if request.node.stash.get(FAILED_PHASES, set()):
+        print(operator.dump(name))
+    operator.core.delete_namespace(name)
+
+    def gone() -> bool:
+        try:
+            operator.core.read_namespace(name)
+        except ApiException as err:
+            return err.status == 404
+        return False
+
+    # The operator must still be running here: it removes its finalizers from the pools.
+    wait_until(gone, timeout=NAMESPACE_DELETE_TIMEOUT_S, what=f"namespace {name} to be deleted")

@@ -1,0 +1,175 @@
+"""The watchdog on a real cluster: a frozen (SIGSTOP) or killed env server is replaced, the pool
+records why, and sessions on the other pod play on undisturbed."""
+
+import json
+import time
+from typing import Any
+
+import pytest
+from e2e_cluster import (
+    ENVSERVER_PORT,
+    Cluster,
+    E2ESettings,
+    envpool_manifest,
+    envserver_selector,
+    wait_until,
+)
+
+pytestmark = pytest.mark.e2e
+
+PROBE_PERIOD_S = 2
+FAILURE_THRESHOLD = 3
+MOVES = ("right", "down", "right", "down", "left", "up")
+
+# Signals the env-server process (not tini, not this script) inside its container.
+SIGNAL_SERVER = """
+import os, signal, sys
+me = os.getpid()
+for entry in os.listdir("/proc"):
+    if not entry.isdigit() or int(entry) == me:
+        continue
+    try:
+        argv = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\\0")
+    except OSError:
+        continue
+    if any(os.path.basename(arg) == b"gymkube-envserver" for arg in argv):
+        os.kill(int(entry), getattr(signal, sys.argv[1]))
+        print(entry)
+        sys.exit(0)
+sys.exit("no gymkube-envserver process found")
+"""
+
+
+def _signal_server(operator: Cluster, namespace: str, pod: str, signal_name: str) -> None:
+    operator.kubectl(
+        "exec", "-n", namespace, pod, "--", "python3", "-c", SIGNAL_SERVER, signal_name
+    )
+
+
+def _play_episode(operator: Cluster, namespace: str, pod: str) -> dict[str, Any]:
+    """Plays one whole FrozenLake episode on POD directly; returns the last step's answer."""
+    code, created = operator.pod_http(namespace, pod, ENVSERVER_PORT, "/create", {})
+    assert code == 200, f"/create on {pod}: {code} {created}"
+    session = created["id"]
+    code, reset = operator.pod_http(
+        namespace, pod, ENVSERVER_PORT, "/reset", {"id": session, "seed": 7}
+    )
+    assert code == 200, f"/reset on {pod}: {code} {reset}"
+    step: dict[str, Any] = reset
+    for turn in range(100):
+        if step.get("done"):
+            break
+        action = f"<action>{MOVES[turn % len(MOVES)]}</action>"
+        code, step = operator.pod_http(
+            namespace, pod, ENVSERVER_PORT, "/step", {"id": session, "action": action}
+        )
+        assert code == 200, f"/step on {pod}: {code} {step}"
+    assert step.get("done"), f"episode on {pod} did not finish: {step}"
+    operator.pod_http(namespace, pod, ENVSERVER_PORT, "/close", {"id": session})
+    return step
+
+
+def _start_pool(operator: Cluster, namespace: str) -> tuple[str, str]:
+    watchdog = {
+        "probePeriodSeconds": PROBE_PERIOD_S,
+        "probeTimeoutSeconds": 1,
+        "failureThreshold": FAILURE_THRESHOLD,
+        "canaryIntervalSeconds": 0,
+    }
+    manifest = envpool_manifest("lake", "frozen_lake", 2, watchdog=watchdog)
+    operator.apply_custom(namespace, "envpools", manifest)
+    operator.wait_pool_ready(namespace, "lake")
+    victim, survivor = (
+        p.metadata.name for p in operator.pods(namespace, envserver_selector("lake"))
+    )
+    return victim, survivor
+
+
+def _replaced(operator: Cluster, namespace: str, pod: str, old_uid: str) -> bool:
+    current = operator.pod_ready(namespace, pod)
+    return current is not None and current.metadata.uid != old_uid
+
+
+def test_watchdog_replaces_a_frozen_server(
+    operator: Cluster, settings: E2ESettings, namespace: str
+) -> None:
+    victim, survivor = _start_pool(operator, namespace)
+    old_uid = operator.core.read_namespaced_pod(victim, namespace).metadata.uid
+
+    _signal_server(operator, namespace, victim, "SIGSTOP")
+    frozen_at = time.monotonic()
+    # The other pod's sessions play whole episodes while the watchdog deals with the frozen one.
+    _play_episode(operator, namespace, survivor)
+
+    def restart_recorded() -> dict[str, Any] | None:
+        pool = operator.get_custom(namespace, "envpools", "lake") or {}
+        restarts = (pool.get("status") or {}).get("restarts") or {}
+        return restarts if restarts.get("lastPod") == victim else None
+
+    detect_budget = FAILURE_THRESHOLD * PROBE_PERIOD_S + 30
+    restarts = wait_until(
+        restart_recorded, timeout=detect_budget, what=f"the watchdog to restart {victim}"
+    )
+    detected_s = time.monotonic() - frozen_at
+    assert restarts["count"] >= 1
+    assert restarts["lastReason"] == "NoAnswer"
+    assert any(r["pod"] == victim and r["reason"] == "NoAnswer" for r in restarts["recent"])
+
+    wait_until(
+        lambda: _replaced(operator, namespace, victim, old_uid),
+        timeout=settings.pod_start_timeout_s,
+        what=f"a new {victim} to be Ready",
+    )
+    replaced_s = time.monotonic() - frozen_at
+    print(
+        json.dumps({"watchdog_detect_s": round(detected_s, 1), "replace_s": round(replaced_s, 1)})
+    )
+    assert replaced_s <= FAILURE_THRESHOLD * PROBE_PERIOD_S + settings.pod_start_timeout_s
+
+    operator.wait_pool_ready(namespace, "lake", extra=lambda p: p["status"]["readyReplicas"] == 2)
+    _play_episode(operator, namespace, survivor)
+    _play_episode(operator, namespace, victim)
+
+
+def test_a_killed_server_is_brought_back_and_the_cause_recorded(
+    operator: Cluster, settings: E2ESettings, namespace: str
+) -> None:
+    victim, survivor = _start_pool(operator, namespace)
+    old_uid = operator.core.read_namespaced_pod(victim, namespace).metadata.uid
+
+    _signal_server(operator, namespace, victim, "SIGKILL")
+    _play_episode(operator, namespace, survivor)
+
+    def recovered() -> str | None:
+        pod = operator.pod_ready(namespace, victim)
+        if pod is None:
+            return None
+        if pod.metadata.uid != old_uid:
+            return "replaced"
+        # The kubelet may restart the container before the watchdog's threshold is reached.
+        for status in pod.status.container_statuses or []:
+            terminated = status.last_state.terminated if status.last_state else None
+            if status.restart_count > 0 and terminated is not None:
+                return "restarted"
+        return None
+
+    how = wait_until(
+        recovered,
+        timeout=FAILURE_THRESHOLD * PROBE_PERIOD_S + settings.pod_start_timeout_s,
+        what=f"{victim} to serve again",
+    )
+    pool = operator.wait_pool_ready(
+        namespace, "lake", extra=lambda p: p["status"]["readyReplicas"] == 2
+    )
+    restarts = pool["status"].get("restarts") or {}
+    if how == "replaced":
+        assert any(r["pod"] == victim for r in restarts.get("recent", [])), restarts
+    else:
+        pod = operator.core.read_namespaced_pod(victim, namespace)
+        causes = [
+            s.last_state.terminated.exit_code
+            for s in pod.status.container_statuses or []
+            if s.last_state and s.last_state.terminated
+        ]
+        assert causes, "the container restart left no termination record"
+    _play_episode(operator, namespace, victim)
