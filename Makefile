@@ -59,6 +59,24 @@ manifests: install ## Regenerate the CRD YAML (operator package, chart, kustomiz
 tools: ## Build the pinned Kubernetes binaries, etcd, helm and kustomize (cached; seconds when warm).
 	hack/build-tools.sh
 
+##@ Clusters (local single-node cluster here; kind where Docker can pull its node image)
+
+.PHONY: cluster-up
+cluster-up: ## Start the local single-node cluster (root, cgroup v1); prints its kubeconfig.
+	hack/local-cluster.sh up
+
+.PHONY: cluster-down
+cluster-down: ## Stop the local cluster and remove every process, mount, rule and file it made.
+	hack/local-cluster.sh down
+
+.PHONY: kind-up
+kind-up: ## Create the kind cluster `gymkube` (Docker + a registry for kind's node image).
+	hack/kind-up.sh
+
+.PHONY: kind-down
+kind-down: ## Delete the kind cluster `gymkube`.
+	hack/kind-down.sh
+
 ##@ Tests
 
 .PHONY: test-unit
