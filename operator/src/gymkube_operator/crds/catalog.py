@@ -4,8 +4,9 @@ import pathlib
 
 from gymkube_operator.crds import CustomResource, render_yaml
 from gymkube_operator.envpool.resource import ENVPOOL
+from gymkube_operator.trainingrun.resource import TRAININGRUN
 
-RESOURCES: tuple[CustomResource, ...] = (ENVPOOL,)
+RESOURCES: tuple[CustomResource, ...] = (ENVPOOL, TRAININGRUN)
 
 PACKAGE_DIR = pathlib.Path(__file__).parent
 # Copies outside the package, relative to the repository root.

@@ -145,6 +145,11 @@ def config_files(target: RunTarget) -> dict[str, str]:
     }
 
 
+def _template_args(target: RunTarget) -> list[str]:
+    template = target.spec.agent_loop.prompt_template
+    return ["--template", template] if template else []
+
+
 def dataset_command(target: RunTarget, *, split: str, size: int, out: str) -> list[str]:
     return [
         "gymkube-dataset",
@@ -160,6 +165,7 @@ def dataset_command(target: RunTarget, *, split: str, size: int, out: str) -> li
         str(target.spec.dataset.seed),
         "--out",
         out,
+        *_template_args(target),
     ]
 
 
@@ -174,25 +180,34 @@ def dataset_commands(target: RunTarget) -> dict[str, list[str]]:
     }
 
 
-def preflight_command(target: RunTarget) -> list[str]:
-    """gymkube-preflight with its JSON summary copied into the termination message.
+# gymkube-preflight prints its JSON summary on stdout. The script keeps it in the pod log and puts
+# a compact copy into /dev/termination-log, which the kubelet copies into the pod status (4 KiB at
+# most) for the operator to read; the exit code is kept, so a failed preflight fails its Job.
+PREFLIGHT_SCRIPT = (
+    'gymkube-preflight "$@" > /tmp/summary.json; code=$?; cat /tmp/summary.json; '
+    "python3 -m json.tool --compact /tmp/summary.json /dev/termination-log 2>/dev/null; "
+    "exit $code"
+)
 
-    The kubelet puts /dev/termination-log into the pod status, where the operator reads it back;
-    the exit code is kept, so a failed preflight fails its Job.
-    """
-    preflight = target.spec.preflight
+
+def preflight_command(target: RunTarget) -> list[str]:
+    """gymkube-preflight on the training split, with the run's turn limit and template."""
+    spec = target.spec
     args = [
         "--env-url",
         target.pool_url,
         "--env",
         target.env,
         "--episodes",
-        str(preflight.episodes),
+        str(spec.preflight.episodes),
         "--policy",
-        preflight.policy,
+        spec.preflight.policy,
+        "--split",
+        spec.dataset.split,
+        "--seed",
+        str(spec.dataset.seed),
+        "--max-steps",
+        str(spec.agent_loop.max_turns),
+        *_template_args(target),
     ]
-    script = (
-        'gymkube-preflight "$@" > /dev/termination-log; code=$?; '
-        "cat /dev/termination-log; exit $code"
-    )
-    return ["sh", "-c", script, "gymkube-preflight", *args]
+    return ["sh", "-c", PREFLIGHT_SCRIPT, "gymkube-preflight", *args]
