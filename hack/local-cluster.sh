@@ -102,13 +102,16 @@ ensure_rbac() {
 }
 
 write_cni_config() {
+	local mtu
+	# Pod interfaces must not be wider than the host's uplink.
+	mtu=$(ip -o link show "$(ip -4 route show default | awk '{print $5; exit}')" | sed -n 's/.* mtu \([0-9]*\).*/\1/p')
 	mkdir -p "$CNI_CONF_DIR" "$CNI_IPAM_DIR"
 	cat >"$CNI_CONF_DIR/10-gymkube.conflist" <<-JSON
 		{
 		  "cniVersion": "1.0.0",
 		  "name": "gymkube",
 		  "plugins": [
-		    {"type": "bridge", "bridge": "$CNI_BRIDGE", "isGateway": true, "ipMasq": false,
+		    {"type": "bridge", "bridge": "$CNI_BRIDGE", "isGateway": true, "ipMasq": false, "mtu": $mtu,
 		     "hairpinMode": true, "promiscMode": true,
 		     "ipam": {"type": "host-local", "dataDir": "$CNI_IPAM_DIR",
 		              "ranges": [[{"subnet": "$POD_CIDR", "gateway": "$BRIDGE_IP"}]],
@@ -135,6 +138,7 @@ start_containerd() {
 		  path = "$CLUSTER_DIR/containerd-opt"
 		[plugins."io.containerd.grpc.v1.cri"]
 		  sandbox_image = "$PAUSE_IMAGE"
+		  netns_mounts_under_state_dir = true
 		  [plugins."io.containerd.grpc.v1.cri".containerd]
 		    snapshotter = "overlayfs"
 		    default_runtime_name = "runc"
@@ -240,7 +244,7 @@ cmd_up() {
 	ensure_cgroups
 	ensure_sysctls
 	ensure_pki "$ip"
-	remember_if_missing /var/lib/cni /run/netns /var/log/containers
+	remember_if_missing /var/lib/cni /var/log/containers
 	ensure_bridge
 	ensure_iptables
 	write_cni_config
@@ -267,7 +271,7 @@ cmd_up() {
 
 cmd_down() {
 	require_root
-	local start=$SECONDS component netns=() path
+	local start=$SECONDS component path id
 	for component in coredns kube-proxy kube-scheduler kube-controller-manager kubelet; do
 		stop_component "$component"
 	done
@@ -279,13 +283,11 @@ cmd_down() {
 		for id in $ids; do ctr_k8s tasks kill -s SIGKILL "$id" >/dev/null 2>&1 || true; done
 		for id in $ids; do ctr_k8s tasks delete -f "$id" >/dev/null 2>&1 || true; done
 	fi
-	mapfile -t netns < <(cluster_netns_files)
 	stop_component containerd
 	kill_cgroup_processes
 	stop_component kube-apiserver
 	stop_component etcd
-	unmount_all "${netns[@]}"
-	rm -f "${netns[@]}"
+	unmount_all
 	if [[ -x $GYMKUBE_BIN_DIR/kube-proxy ]]; then
 		"$GYMKUBE_BIN_DIR/kube-proxy" --cleanup >/dev/null 2>&1 || true
 	fi

@@ -83,17 +83,6 @@ remove_cgroups() {
 	done
 }
 
-# Network namespaces (/run/netns/cni-*) that belong to processes in the cluster cgroup.
-cluster_netns_files() {
-	local inodes file pid
-	inodes=$(for pid in $(cgroup_pids); do stat -Lc %i "/proc/$pid/ns/net" 2>/dev/null; done | sort -u)
-	[[ -n $inodes ]] || return 0
-	for file in /run/netns/cni-*; do
-		[[ -e $file ]] || continue
-		grep -qxF "$(stat -Lc %i "$file" 2>/dev/null)" <<<"$inodes" && echo "$file"
-	done
-}
-
 ensure_bridge() {
 	if ! ip link show "$CNI_BRIDGE" >/dev/null 2>&1; then
 		ip link add "$CNI_BRIDGE" type bridge
@@ -154,13 +143,12 @@ remove_iptables() {
 	done
 }
 
-# Unmounts everything below our directories (deepest first) plus the given extra mount points.
+# Unmounts everything below our directories (pod network namespaces too: containerd keeps them
+# under its state directory), deepest first.
 unmount_all() {
 	local mountpoint
-	for mountpoint in $({
-		awk '{print $5}' /proc/self/mountinfo | grep -E "^($CLUSTER_DIR|$RUN_DIR)(/|$)"
-		printf '%s\n' "$@"
-	} | awk '{print length, $0}' | sort -rn | cut -d' ' -f2- | uniq); do
+	for mountpoint in $(awk '{print $5}' /proc/self/mountinfo | grep -E "^($CLUSTER_DIR|$RUN_DIR)(/|$)" |
+		awk '{print length, $0}' | sort -rn | cut -d' ' -f2- | uniq); do
 		umount "$mountpoint" 2>/dev/null || umount -l "$mountpoint" 2>/dev/null || true
 	done
 }
