@@ -295,6 +295,7 @@ class SessionManager:
             while not self.draining and len(self.warm) < self.settings.warm:
                 try:
                     instance = await self.backend.start({})
+                    await instance.warm_up()
                 except Exception:
                     log.exception("starting a warm env failed; retrying")
                     await asyncio.sleep(WARM_RETRY_S)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -44,7 +47,18 @@ class ServerSettings(BaseSettings):
     env_threads: int = Field(
         default=0, ge=0, description="Threads for blocking env calls (0: sessions + warm + 2)."
     )
+    cache_dir: Path | None = Field(
+        default=None,
+        description="Where computed task tables are cached ($XDG_CACHE_HOME/gymkube by default).",
+    )
     log_level: str = Field(default="info", description="uvicorn log level.")
+
+    @property
+    def cache_path(self) -> Path:
+        if self.cache_dir is not None:
+            return self.cache_dir
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        return (Path(xdg) if xdg else Path.home() / ".cache") / "gymkube"
 
     @property
     def thread_count(self) -> int:

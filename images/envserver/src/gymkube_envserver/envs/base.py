@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
-from gymkube_envserver.wire import TasksResponse
+from gymkube_envserver.wire import ScoreScale, TaskInfo, TasksResponse
 
 
 class EnvInputError(ValueError):
@@ -49,6 +50,10 @@ class EnvInstance(ABC):
     @abstractmethod
     async def step(self, action: str) -> StepOutcome: ...
 
+    async def warm_up(self) -> None:
+        """Run before the instance joins the warm pool, so the first real reset is fast."""
+        return None
+
     @abstractmethod
     async def close(self) -> None:
         """Free everything the instance holds. Must not raise."""
@@ -90,3 +95,39 @@ class EnvBackend(ABC):
         if not 0 <= index < count:
             raise EnvInputError(f"data_idx {index} is out of range: this env has 0..{count - 1}")
         return index
+
+
+SEEDED_TASK_COUNT = 10_000
+SEEDED_SPLITS = {"train": (0, 8_000), "dev": (8_000, 9_000), "test": (9_000, 10_000)}
+
+
+def seeded_tasks(env: str, task_name: str, score_scale: ScoreScale) -> TasksResponse:
+    """The task table of an env whose data_idx is simply the episode seed."""
+    return TasksResponse(
+        env=env,
+        count=SEEDED_TASK_COUNT,
+        score_scale=score_scale,
+        task_names=[task_name],
+        tasks=[TaskInfo(name=task_name, first_idx=0, count=SEEDED_TASK_COUNT)],
+        splits={name: list(range(lo, hi)) for name, (lo, hi) in SEEDED_SPLITS.items()},
+    )
+
+
+def episode_seed(params: ResetParams) -> int:
+    """The seed of a seeded env's episode: the reset's seed, else its data_idx, else 0."""
+    if params.seed is not None:
+        return params.seed
+    return params.data_idx or 0
+
+
+def jsonable(value: Any, depth: int = 0) -> Any:
+    """``value`` made JSON-safe for an ``info`` dict (third-party envs put anything there)."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if depth < 8 and isinstance(value, dict):
+        return {str(key): jsonable(item, depth + 1) for key, item in value.items()}
+    if depth < 8 and isinstance(value, list | tuple | set | frozenset):
+        return [jsonable(item, depth + 1) for item in value]
+    return str(value)

@@ -22,11 +22,11 @@ from gymkube_envserver.envs.base import (
     ResetOutcome,
     ResetParams,
     StepOutcome,
+    episode_seed,
+    seeded_tasks,
 )
-from gymkube_envserver.wire import ScoreScale, TaskInfo, TasksResponse
+from gymkube_envserver.wire import ScoreScale, TasksResponse
 
-TASK_COUNT = 10_000
-SPLIT_BOUNDS = {"train": (0, 8_000), "dev": (8_000, 9_000), "test": (9_000, 10_000)}
 MAP_ATTEMPTS = 10_000
 MOVES: dict[str, tuple[int, int]] = {
     "up": (-1, 0),
@@ -116,9 +116,7 @@ class FrozenLakeInstance(EnvInstance):
 
     async def reset(self, params: ResetParams) -> ResetOutcome:
         config = parse_config({**self._config.model_dump(exclude_none=True), **params.env_config})
-        seed = config.seed
-        if seed is None:
-            seed = params.seed if params.seed is not None else (params.data_idx or 0)
+        seed = config.seed if config.seed is not None else episode_seed(params)
         self._config = config
         self._grid = generate_map(config.size, config.p, seed)
         self._pos = next(
@@ -207,14 +205,7 @@ class FrozenLakeBackend(EnvBackend):
     canary_action = "<action>right</action>"
 
     def __init__(self) -> None:
-        self._tasks = TasksResponse(
-            env=self.name,
-            count=TASK_COUNT,
-            score_scale=ScoreScale(min=0.0, max=1.0),
-            task_names=["frozen_lake"],
-            tasks=[TaskInfo(name="frozen_lake", first_idx=0, count=TASK_COUNT)],
-            splits={name: list(range(lo, hi)) for name, (lo, hi) in SPLIT_BOUNDS.items()},
-        )
+        self._tasks = seeded_tasks(self.name, "frozen_lake", ScoreScale(min=0.0, max=1.0))
 
     def check_config(self, env_config: dict[str, Any]) -> None:
         parse_config(env_config)
