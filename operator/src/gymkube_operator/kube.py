@@ -25,6 +25,8 @@ PLURALS: dict[tuple[str, str], str] = {
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
     ("batch/v1", "Job"): "jobs",
     (API_VERSION, "EnvPool"): "envpools",
+    (API_VERSION, "TrainingRun"): "trainingruns",
+    ("ray.io/v1", "RayJob"): "rayjobs",
 }
 
 
@@ -130,6 +132,28 @@ class KubeClient:
                 return False
             raise
         return True
+
+    async def patch(
+        self, api_version: str, kind: str, namespace: str, name: str, body: Object
+    ) -> Object:
+        """JSON merge patch of a few fields another controller may also write (e.g. suspend)."""
+        result: Object = await self._request(
+            "PATCH",
+            resource_path(api_version, kind, namespace, name),
+            body=body,
+            content_type="application/merge-patch+json",
+        )
+        return result
+
+    async def served(self, api_version: str, plural: str) -> bool:
+        """Whether the API server serves this resource (its CRD is installed and established)."""
+        try:
+            group = await self._request("GET", f"/apis/{api_version}")
+        except KubeError as error:
+            if error.status == 404:
+                return False
+            raise
+        return any(r.get("name") == plural for r in group.get("resources", []))
 
     async def patch_status(
         self, api_version: str, kind: str, namespace: str, name: str, status: Object

@@ -13,6 +13,7 @@ from gymkube_operator.envpool import handlers as envpool_handlers
 from gymkube_operator.envpool.prober import AddressResolver, pod_address
 from gymkube_operator.runtime import Runtime
 from gymkube_operator.settings import OperatorSettings
+from gymkube_operator.trainingrun import handlers as trainingrun_handlers
 
 
 def kopf_settings(settings: OperatorSettings) -> kopf.OperatorSettings:
@@ -50,6 +51,7 @@ def build_registry(runtime: Runtime) -> kopf.OperatorRegistry:
         await runtime.close()
 
     envpool_handlers.register(registry, runtime)
+    trainingrun_handlers.register(registry, runtime)
     return registry
 
 

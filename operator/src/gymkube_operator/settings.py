@@ -21,6 +21,16 @@ class OperatorSettings(BaseSettings):
     router_image: str = Field(
         "gymkube/router:0.1.0", description="Router image when an EnvPool names none."
     )
+    trainer_image: str = Field(
+        "gymkube/trainer:0.1.0",
+        description="Trainer image (verl, vLLM, gymkube-agentloop) when a TrainingRun names none.",
+    )
+    preflight_image: str = Field(
+        "gymkube/preflight:0.1.0", description="Preflight image when a TrainingRun names none."
+    )
+    trainingrun_resync_seconds: float = Field(
+        30.0, gt=0, description="How often a TrainingRun is reconciled without any watch event."
+    )
     image_pull_policy: str = Field("IfNotPresent", description="Pull policy of both images.")
     # Kubelet probes on env servers: a ScienceWorld server needs time to start its JVMs.
     startup_probe_period_seconds: int = Field(5, ge=1)

@@ -440,3 +440,15 @@ def _follow_child(
         suspend = None if spec.queue_name else False
     result = Plan(status=writer.status, suspend_child=suspend, events=writer.events(outcome))
     return _finish(result, spec, now)
+
+
+def rejected(
+    planned: TrainingRunStatus, obj: Object, error: str, generation: int, now: datetime.datetime
+) -> Plan:
+    """The API server refused a child the plan created: the run fails and says why."""
+    writer = _Writer(planned, generation, now_rfc3339(now))
+    writer.update(training=None)
+    what = f"{obj['kind']} {obj['metadata']['name']}"
+    outcome = _Outcome(Phase.FAILED, "ChildRejected", f"the API server rejected {what}: {error}")
+    writer.phase(outcome)
+    return Plan(status=writer.status, events=writer.events(outcome))

@@ -1,0 +1,208 @@
+"""kopf handlers for TrainingRun: read what exists → pure plan → apply, patch, post Events.
+
+One daemon per run does every reconcile, so a run is never reconciled twice at once; watch
+events on its pool, its Jobs and its RayJob only wake that daemon.
+"""
+
+import asyncio
+import contextlib
+import datetime
+import logging
+from typing import Any, cast
+
+import aiohttp
+import kopf
+
+from gymkube_operator.kinds import API_VERSION, GROUP, VERSION
+from gymkube_operator.kube import KubeError
+from gymkube_operator.objects import Object
+from gymkube_operator.runtime import Runtime
+from gymkube_operator.trainingrun import lifecycle, render
+from gymkube_operator.trainingrun.models import KIND, PLURAL, TrainingRunSpec, TrainingRunStatus
+
+logger = logging.getLogger(__name__)
+
+RunKey = tuple[str, str]
+# After a failed API call the daemon tries again this much later.
+RETRY_SECONDS = 5.0
+
+
+async def _termination_message(rt: Runtime, namespace: str, job: str) -> str | None:
+    """The preflight container's termination message from the Job's newest finished pod."""
+    pods = await rt.client.list("v1", "Pod", namespace, f"batch.kubernetes.io/job-name={job}")
+    pods.sort(key=lambda pod: pod["metadata"].get("creationTimestamp", ""), reverse=True)
+    for pod in pods:
+        for container in pod.get("status", {}).get("containerStatuses", []) or []:
+            if container.get("name") != render.PREFLIGHT:
+                continue
+            terminated = (container.get("state") or {}).get("terminated") or {}
+            if "message" in terminated:
+                message: str = terminated["message"]
+                return message
+    return None
+
+
+def _finished_job(job: Object | None) -> bool:
+    conditions = (job or {}).get("status", {}).get("conditions", []) or []
+    return any(
+        c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conditions
+    )
+
+
+async def observe(
+    rt: Runtime, name: str, namespace: str, spec: TrainingRunSpec, status: TrainingRunStatus
+) -> lifecycle.Observed:
+    """Read the pool and the run's children; names are fixed, so nothing is looked up twice."""
+    pool = await rt.client.get(API_VERSION, "EnvPool", namespace, spec.env_pool_ref.name)
+    if status.training is not None:
+        api_version, kind = status.training.api_version, status.training.kind
+    else:
+        api_version, kind = render.training_api_version(spec.nodes)
+    # A RayJob read where ray.io is not served is a 404 too: no child.
+    training = await rt.client.get(api_version, kind, namespace, render.training_name(name))
+    preflight_job = message = None
+    if spec.preflight.enabled and training is None:
+        job_name = render.preflight_job_name(name)
+        preflight_job = await rt.client.get("batch/v1", "Job", namespace, job_name)
+        if _finished_job(preflight_job):
+            message = await _termination_message(rt, namespace, job_name)
+    rayjob_served = None
+    if spec.nodes > 1 and training is None:
+        rayjob_served = await rt.client.served(render.RAYJOB_API, "rayjobs")
+    return lifecycle.Observed(
+        pool=pool,
+        preflight_job=preflight_job,
+        preflight_message=message,
+        training=training,
+        rayjob_served=rayjob_served,
+    )
+
+
+async def _carry_out(rt: Runtime, run: Object, plan: lifecycle.Plan) -> lifecycle.Plan:
+    """Create what the plan says; a child the API server rejects fails the run with its reason."""
+    meta = run["metadata"]
+    for obj in plan.create:
+        try:
+            await rt.client.apply(obj)
+        except KubeError as error:
+            if error.status not in (400, 403, 404, 422):
+                raise
+            plan = lifecycle.rejected(
+                plan.status, obj, str(error), meta.get("generation", 1), _now()
+            )
+            break
+    training = plan.status.training
+    if plan.suspend_child is not None and training is not None:
+        await rt.client.patch(
+            training.api_version,
+            training.kind,
+            meta["namespace"],
+            training.name,
+            {"spec": {"suspend": plan.suspend_child}},
+        )
+    return plan
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+async def reconcile(rt: Runtime, namespace: str, name: str) -> lifecycle.Plan | None:
+    """One level-based pass over a run; None when the run is gone."""
+    run = await rt.client.get(API_VERSION, KIND, namespace, name)
+    if run is None or run["metadata"].get("deletionTimestamp"):
+        return None
+    meta = run["metadata"]
+    spec = TrainingRunSpec.model_validate(run["spec"])
+    previous = TrainingRunStatus.model_validate(run.get("status") or {})
+    identity = lifecycle.Run(
+        name=name,
+        namespace=namespace,
+        uid=meta["uid"],
+        generation=meta.get("generation", 1),
+        trainer_image=rt.settings.trainer_image,
+        preflight_image=rt.settings.preflight_image,
+    )
+    if lifecycle.is_finished(previous):
+        observed = lifecycle.Observed(pool=None)
+    else:
+        observed = await observe(rt, name, namespace, spec, previous)
+    plan = await _carry_out(rt, run, lifecycle.plan(identity, spec, previous, observed, _now()))
+    if plan.status != previous:
+        await rt.client.patch_status(API_VERSION, KIND, namespace, name, plan.status.to_api())
+    body = cast(kopf.Body, run)
+    for event in plan.events:
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+    if plan.delete_run:
+        kopf.event(
+            body,
+            type="Normal",
+            reason="Expired",
+            message=f"deleting the run {spec.ttl_seconds_after_finished}s after it finished",
+        )
+        await rt.client.delete(API_VERSION, KIND, namespace, name, meta["uid"])
+    return plan
+
+
+def _namespace(namespace: str | None) -> str:
+    # kopf's types allow None for cluster-scoped objects; everything here is namespaced.
+    if namespace is None:
+        raise kopf.PermanentError("TrainingRuns and their children are namespaced")
+    return namespace
+
+
+def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
+    """Register the TrainingRun handlers on a registry (tests build their own)."""
+    wakes: dict[RunKey, asyncio.Event] = {}
+    pools: dict[RunKey, str] = {}
+    run_children = {render.RUN_LABEL: kopf.PRESENT}
+
+    def wake(key: RunKey) -> None:
+        event = wakes.get(key)
+        if event is not None:
+            event.set()
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    def trainingrun_changed(namespace: str | None, name: str, **_: Any) -> None:
+        wake((_namespace(namespace), name))
+
+    @kopf.on.event("batch", "v1", "jobs", labels=run_children, registry=registry)
+    @kopf.on.event("ray.io", "v1", "rayjobs", labels=run_children, registry=registry)
+    def trainingrun_child_changed(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
+        wake((_namespace(namespace), labels[render.RUN_LABEL]))
+
+    @kopf.on.event(GROUP, VERSION, "envpools", registry=registry)
+    def trainingrun_pool_changed(namespace: str | None, name: str, **_: Any) -> None:
+        for key, pool in list(pools.items()):
+            if key[0] == namespace and pool == name:
+                wake(key)
+
+    @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=5, registry=registry)
+    async def trainingrun_daemon(
+        name: str, namespace: str | None, spec: kopf.Spec, stopped: kopf.DaemonStopped, **_: Any
+    ) -> None:
+        key = (_namespace(namespace), name)
+        event = wakes.setdefault(key, asyncio.Event())
+        try:
+            while not stopped:
+                event.clear()
+                pools[key] = spec.get("envPoolRef", {}).get("name", "")
+                delay = rt.settings.trainingrun_resync_seconds
+                try:
+                    plan = await reconcile(rt, key[0], name)
+                except (KubeError, aiohttp.ClientError, TimeoutError) as error:
+                    logger.warning("TrainingRun %s/%s: %s; retrying", key[0], name, error)
+                    delay = RETRY_SECONDS
+                else:
+                    if plan is None or plan.delete_run:
+                        return
+                    if lifecycle.is_finished(plan.status) and plan.wake_after is None:
+                        # A finished run without a TTL is a record: nothing left to watch.
+                        return
+                    if plan.wake_after is not None:
+                        delay = min(delay, plan.wake_after)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), timeout=max(delay, 0.1))
+        finally:
+            wakes.pop(key, None)
+            pools.pop(key, None)
