@@ -1,0 +1,191 @@
+"""Helpers of the agent-loop tests: env-server subprocesses, a scripted stand-in for the LLM
+server, and building loops exactly as verl's AgentLoopWorker does."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import hydra
+from gymkube_agentloop.templates import BUILTIN_TEMPLATES
+from omegaconf import OmegaConf
+from transformers import PreTrainedTokenizerFast
+from verl.experimental.agent_loop.agent_loop import (
+    AgentLoopOutput,
+    DictConfigWrap,
+    ToolListWrap,
+    _agent_loop_registry,
+)
+from verl.utils.dataset.rl_dataset import RLHFDataset
+from verl.workers.rollout.replica import TokenOutput
+
+BIN = Path(sys.executable).parent
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+AGENT_YAML = """\
+- name: gymkube_env
+  _target_: gymkube_agentloop.agent_loop.GymkubeEnvAgentLoop
+  env_url: {env_url}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class EnvServer:
+    """A `gymkube-envserver` subprocess on a free loopback port."""
+
+    def __init__(self, env: str, *args: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen(
+            [
+                str(BIN / "gymkube-envserver"),
+                "--env",
+                env,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                *args,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                err = self.process.stderr.read().decode() if self.process.stderr else ""
+                raise RuntimeError(f"env server exited with {self.process.returncode}: {err}")
+            try:
+                with urllib.request.urlopen(self.url + "/readyz", timeout=1) as reply:
+                    if reply.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"env server on {self.url} not ready within {timeout_s}s")
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+class ScriptedLLM:
+    """Stands in for verl's LLM server client: each generate returns the next scripted reply."""
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerFast,
+        replies: list[str] | Callable[[str], str],
+        on_generate: Callable[[int], None] | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.replies = replies
+        self.on_generate = on_generate
+        self.calls: list[dict[str, Any]] = []
+
+    async def generate(
+        self,
+        request_id: str,
+        *,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        **kwargs: Any,
+    ) -> TokenOutput:
+        turn = len(self.calls)
+        self.calls.append({"request_id": request_id, "sampling_params": sampling_params})
+        if self.on_generate is not None:
+            self.on_generate(turn)
+        if callable(self.replies):
+            text = self.replies(self.tokenizer.decode(prompt_ids))
+        else:
+            text = self.replies[turn % len(self.replies)]
+        ids = [*self.tokenizer.encode(text, add_special_tokens=False), self.tokenizer.eos_token_id]
+        ids = ids[: sampling_params.get("max_tokens", len(ids))]
+        return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), num_preempted=0)
+
+
+def trainer_config(response_length: int = 1024, prompt_length: int = 2048) -> Any:
+    return OmegaConf.create(
+        {
+            "actor_rollout_ref": {
+                "rollout": {
+                    "prompt_length": prompt_length,
+                    "response_length": response_length,
+                    "calculate_log_probs": True,
+                    "multi_turn": {
+                        "max_assistant_turns": None,
+                        "max_user_turns": None,
+                        "max_tool_response_length": 256,
+                    },
+                }
+            },
+            "data": {},
+        }
+    )
+
+
+def register_from_yaml(path: Path) -> None:
+    """What verl's AgentLoopWorker does with rollout.agent.agent_loop_config_path."""
+    for entry in OmegaConf.load(path):
+        _agent_loop_registry[entry.name] = entry
+
+
+def instantiate_loop(
+    agent_name: str,
+    llm: ScriptedLLM,
+    tokenizer: PreTrainedTokenizerFast,
+    response_length: int = 1024,
+) -> Any:
+    """Build a loop exactly as verl's worker does (AgentLoopWorker._run_agent_loop)."""
+    config = trainer_config(response_length)
+    return hydra.utils.instantiate(
+        config=_agent_loop_registry[agent_name],
+        trainer_config=DictConfigWrap(config=config),
+        server_manager=llm,
+        tokenizer=tokenizer,
+        processor=None,
+        hf_model_type=None,
+        dataset_cls=RLHFDataset,
+        data_config=DictConfigWrap(config.data),
+        tools=ToolListWrap([]),
+    )
+
+
+SAMPLING = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "repetition_penalty": 1.0,
+    "logprobs": True,
+}
+
+
+async def run_row(
+    loop: Any, item_id: str, raw_prompt: list[dict[str, str]] | None = None, **extra: Any
+) -> AgentLoopOutput:
+    template = BUILTIN_TEMPLATES[item_id.rpartition("_")[0]]
+    row = {"item_id": item_id, "raw_prompt": raw_prompt or template.opening(), **extra}
+    output: AgentLoopOutput = await asyncio.wait_for(loop.run(dict(SAMPLING), **row), 120)
+    return output

@@ -1,0 +1,136 @@
+"""The gymkube_env loop on the real verl AgentLoopBase against a real FrozenLake env server."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from agentloop_harness import EnvServer, ScriptedLLM, instantiate_loop, run_row
+from gymkube_agentloop.agent_loop import TRUNCATION_MARK
+from gymkube_agentloop.policies import FrozenLakeShortestPath
+from transformers import PreTrainedTokenizerFast
+
+pytestmark = pytest.mark.unit
+
+# Task 3's map puts the start two cells above the goal: two "down" moves win it.
+WINNING_TASK, WINNING_REPLIES = "frozen_lake_3", ["<action>down</action>"] * 2
+
+
+def runs(mask: list[int]) -> list[tuple[int, int, int]]:
+    """(value, start, end) of each run of equal mask values."""
+    out, start = [], 0
+    for value, group in itertools.groupby(mask):
+        length = len(list(group))
+        out.append((value, start, start + length))
+        start += length
+    return out
+
+
+async def test_model_tokens_are_masked_in_and_env_tokens_out(
+    frozen_lake: EnvServer,
+    tokenizer: PreTrainedTokenizerFast,
+    agent_yaml: Callable[..., Path],
+) -> None:
+    agent_yaml(frozen_lake.url)
+    llm = ScriptedLLM(tokenizer, WINNING_REPLIES)
+    output = await run_row(instantiate_loop("gymkube_env", llm, tokenizer), WINNING_TASK)
+
+    assert output.extra_fields["env_ending"] == "done"
+    assert len(output.response_ids) == len(output.response_mask) == len(output.response_logprobs)
+    segments = runs(output.response_mask)
+    assert [value for value, _, _ in segments] == [1, 0, 1]
+    for value, start, end in segments:
+        text = tokenizer.decode(output.response_ids[start:end])
+        logprobs = output.response_logprobs[start:end]
+        if value == 1:
+            assert text == "<action>down</action><|im_end|>"
+            assert logprobs == [-0.5] * (end - start)
+        else:
+            assert "You moved down." in text
+            assert "<|im_start|>user" in text
+            assert logprobs == [0.0] * (end - start)
+    # The task reached the model as part of the prompt, not the response.
+    assert "walk from S to the goal G" in tokenizer.decode(output.prompt_ids)
+
+
+async def test_frozen_lake_reward_is_the_score_on_a_zero_to_one_scale(
+    frozen_lake: EnvServer,
+    tokenizer: PreTrainedTokenizerFast,
+    agent_yaml: Callable[..., Path],
+) -> None:
+    agent_yaml(frozen_lake.url)
+    policy = FrozenLakeShortestPath()
+
+    def solve(conversation: str) -> str:
+        return f"<action>{policy.act(conversation.rpartition('user')[2])}</action>"
+
+    solver = ScriptedLLM(tokenizer, solve)
+    solved = await run_row(instantiate_loop("gymkube_env", solver, tokenizer), "frozen_lake_8123")
+    stuck = ScriptedLLM(tokenizer, ["<action>nowhere</action>"])
+    stuck_loop = instantiate_loop("gymkube_env", stuck, tokenizer, response_length=8192)
+    failed = await run_row(stuck_loop, "frozen_lake_8123")
+
+    assert (solved.reward_score, solved.extra_fields["env_score"]) == (1.0, 1.0)
+    assert solved.extra_fields["env_ending"] == "done"
+    # Every reply was rejected until the env's own step limit ended the episode with score 0.
+    assert failed.reward_score == 0.0
+    assert failed.extra_fields["env_ending"] == "done"
+    assert failed.extra_fields["env_steps"] == 20
+
+
+async def test_response_is_cut_at_response_length(
+    frozen_lake: EnvServer,
+    tokenizer: PreTrainedTokenizerFast,
+    agent_yaml: Callable[..., Path],
+) -> None:
+    agent_yaml(frozen_lake.url)
+    rambling = (
+        "Let me think about the lake for a while before I move. " * 3 + "<action>left</action>"
+    )
+    llm = ScriptedLLM(tokenizer, [rambling])
+    loop = instantiate_loop("gymkube_env", llm, tokenizer, response_length=100)
+    output = await run_row(loop, "frozen_lake_5")
+
+    assert len(output.response_ids) == len(output.response_mask) == 100
+    assert output.extra_fields["env_ending"] == "response_length"
+    # Each generation was asked for no more tokens than the response had room for.
+    budgets = [call["sampling_params"]["max_tokens"] for call in llm.calls]
+    assert budgets[0] == 100
+    assert all(b < 100 for b in budgets[1:])
+
+
+async def test_observations_are_cut_to_the_token_budget(
+    frozen_lake: EnvServer,
+    tokenizer: PreTrainedTokenizerFast,
+    agent_yaml: Callable[..., Path],
+) -> None:
+    agent_yaml(frozen_lake.url, "  max_observation_tokens: 4\n  max_turns: 2\n")
+    llm = ScriptedLLM(tokenizer, ["<action>left</action>"])
+    output = await run_row(instantiate_loop("gymkube_env", llm, tokenizer), "frozen_lake_5")
+
+    env_text = tokenizer.decode(
+        [t for t, m in zip(output.response_ids, output.response_mask, strict=True) if m == 0]
+    )
+    assert TRUNCATION_MARK in env_text
+    assert "Replies left" not in env_text
+    assert output.extra_fields["env_ending"] == "max_turns"
+    assert output.extra_fields["env_steps"] == 2
+
+
+async def test_a_bad_row_ends_the_trajectory_without_raising(
+    frozen_lake: EnvServer,
+    tokenizer: PreTrainedTokenizerFast,
+    agent_yaml: Callable[..., Path],
+) -> None:
+    agent_yaml(frozen_lake.url)
+    llm = ScriptedLLM(tokenizer, WINNING_REPLIES)
+    output = await run_row(instantiate_loop("gymkube_env", llm, tokenizer), "frozen_lake_99999")
+
+    assert output.reward_score == 0.0
+    assert output.extra_fields["env_ending"] == "bad_input"
+    assert "0..9999" in output.extra_fields["env_detail"]
+    assert output.response_ids == []
+    assert output.prompt_ids
+    assert llm.calls == []
