@@ -15,9 +15,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from e2e_cluster import OPT_IN, Cluster, E2ESettings, find_tool, wait_until
-from kubernetes.client.exceptions import ApiException
-from pyhelm3 import Client as HelmClient  # type: ignore[import-untyped]
+from e2e_cluster import OPT_IN, Cluster, E2ESettings, api_path, find_tool, wait_until
+from pyhelm3 import Client as HelmClient
 
 NAMESPACE_DELETE_TIMEOUT_S = 180.0
 
@@ -50,7 +49,7 @@ FAILED_PHASES = pytest.StashKey[set[str]]()
 
 @pytest.fixture(scope="session")
 def settings() -> E2ESettings:
-    return E2ESettings()  # type: ignore[call-arg]  # kubeconfig comes from the environment
+    return E2ESettings.model_validate({})  # every field comes from the environment
 
 
 @pytest.fixture(scope="session")
@@ -59,11 +58,13 @@ def cluster(settings: E2ESettings) -> Cluster:
         raise pytest.UsageError(f"{OPT_IN}={settings.kubeconfig} is not a file")
     cluster = Cluster(settings)
     try:
-        cluster.core.list_namespace(limit=1)
+        status, answer = cluster.request("GET", api_path("v1", "namespaces"), query={"limit": "1"})
     except Exception as err:  # any failure here means the kubeconfig does not reach a cluster
         raise pytest.UsageError(
             f"the cluster in {settings.kubeconfig} does not answer: {err}"
         ) from err
+    if status != 200:
+        raise pytest.UsageError(f"the cluster in {settings.kubeconfig} answered {status}: {answer}")
     return cluster
 
 
@@ -113,18 +114,18 @@ def namespace(
     """A fresh namespace for one test; on failure its story is printed before it is deleted."""
     slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].rstrip("-")
     name = f"e2e-{slug}-{uuid.uuid4().hex[:5]}"
-    operator.core.create_namespace({"metadata": {"name": name, "labels": {"gymkube-e2e": "true"}}})
+    path = api_path("v1", "namespaces", name=name)
+    operator.create(
+        api_path("v1", "namespaces"),
+        {"metadata": {"name": name, "labels": {"gymkube-e2e": "true"}}},
+    )
     yield name
     if request.node.stash.get(FAILED_PHASES, set()):
         print(operator.dump(name))
-    operator.core.delete_namespace(name)
-
-    def gone() -> bool:
-        try:
-            operator.core.read_namespace(name)
-        except ApiException as err:
-            return err.status == 404
-        return False
-
+    operator.delete(path)
     # The operator must still be running here: it removes its finalizers from the pools.
-    wait_until(gone, timeout=NAMESPACE_DELETE_TIMEOUT_S, what=f"namespace {name} to be deleted")
+    wait_until(
+        lambda: operator.get(path) is None,
+        timeout=NAMESPACE_DELETE_TIMEOUT_S,
+        what=f"namespace {name} to be deleted",
+    )

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from kubernetes import client, config
+from kubernetes import config
 from kubernetes.client.exceptions import ApiException
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -110,41 +110,98 @@ def condition_is(obj: Object | None, kind: str, status: str = "True") -> bool:
     return cond is not None and cond.get("status") == status
 
 
+def api_path(api: str, plural: str, namespace: str | None = None, name: str | None = None) -> str:
+    """REST path of a collection or object: api is "v1" (core) or "group/version"."""
+    base = "/api/v1" if api == "v1" else f"/apis/{api}"
+    scope = f"/namespaces/{namespace}" if namespace else ""
+    return f"{base}{scope}/{plural}" + (f"/{name}" if name else "")
+
+
+def gymkube_path(plural: str, namespace: str, name: str | None = None) -> str:
+    return api_path(f"{GROUP}/{VERSION}", plural, namespace, name)
+
+
+def is_ready(pod: Object) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    return ready and not pod["metadata"].get("deletionTimestamp")
+
+
 class Cluster:
-    """Thin typed access to the cluster the kubeconfig names."""
+    """The cluster the kubeconfig names, spoken to in plain JSON objects (as kubectl shows them)."""
 
     def __init__(self, settings: E2ESettings) -> None:
         self.settings = settings
-        self.api_client = config.new_client_from_config(config_file=str(settings.kubeconfig))
-        self.core = client.CoreV1Api(self.api_client)
-        self.apps = client.AppsV1Api(self.api_client)
-        self.batch = client.BatchV1Api(self.api_client)
-        self.custom = client.CustomObjectsApi(self.api_client)
-        self.apiext = client.ApiextensionsV1Api(self.api_client)
-        self.policy = client.PolicyV1Api(self.api_client)
+        self.api_client = config.new_client_from_config(  # type: ignore[no-untyped-call]
+            config_file=str(settings.kubeconfig)
+        )
         self.kubectl_bin = find_tool("kubectl")
 
-    # --- gymkube resources -------------------------------------------------------------------
-
-    def apply_custom(self, namespace: str, plural: str, body: Object) -> Object:
-        result: Object = self.custom.create_namespaced_custom_object(
-            GROUP, VERSION, namespace, plural, body
-        )
-        return result
-
-    def get_custom(self, namespace: str, plural: str, name: str) -> Object | None:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Object | None = None,
+        *,
+        query: dict[str, str] | None = None,
+        timeout: float = 30.0,
+    ) -> tuple[int, Object]:
+        """One API call; the status code and the JSON body, error answers included."""
+        content_type = "application/merge-patch+json" if method == "PATCH" else "application/json"
         try:
-            result: Object = self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, namespace, plural, name
+            response = self.api_client.call_api(
+                path,
+                method,
+                query_params=list((query or {}).items()),
+                body=body,
+                header_params={"Content-Type": content_type, "Accept": "application/json"},
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=timeout,
+                _return_http_data_only=False,
             )
         except ApiException as err:
-            if err.status == 404:
-                return None
-            raise
-        return result
+            return int(err.status), _json_object(err.body or "")
+        raw, status = response[0], response[1]
+        return int(status), _json_object(raw.data or b"")
 
-    def delete_custom(self, namespace: str, plural: str, name: str) -> None:
-        self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
+    def _ok(self, method: str, path: str, body: Object | None = None) -> Object:
+        status, answer = self.request(method, path, body)
+        if not 200 <= status < 300:
+            raise AssertionError(f"{method} {path} answered {status}: {answer}")
+        return answer
+
+    def get(self, path: str) -> Object | None:
+        status, answer = self.request("GET", path)
+        if status == 404:
+            return None
+        if status != 200:
+            raise AssertionError(f"GET {path} answered {status}: {answer}")
+        return answer
+
+    def list_objects(self, path: str, selector: str = "") -> list[Object]:
+        status, answer = self.request("GET", path, query={"labelSelector": selector})
+        if status != 200:
+            raise AssertionError(f"GET {path}?labelSelector={selector} answered {status}: {answer}")
+        items: list[Object] = answer.get("items") or []
+        return sorted(items, key=lambda obj: str(obj["metadata"]["name"]))
+
+    def names(self, path: str, selector: str = "") -> list[str]:
+        return [str(obj["metadata"]["name"]) for obj in self.list_objects(path, selector)]
+
+    def create(self, path: str, body: Object) -> Object:
+        return self._ok("POST", path, body)
+
+    def delete(self, path: str, grace_period_seconds: int | None = None) -> None:
+        body: Object | None = None
+        if grace_period_seconds is not None:
+            body = {"kind": "DeleteOptions", "apiVersion": "v1"}
+            body["gracePeriodSeconds"] = grace_period_seconds
+        status, answer = self.request("DELETE", path, body)
+        if status not in (200, 202, 404):
+            raise AssertionError(f"DELETE {path} answered {status}: {answer}")
+
+    # --- gymkube resources -------------------------------------------------------------------
 
     def wait_condition(
         self,
@@ -160,14 +217,12 @@ class Cluster:
         """Polls until condition KIND has STATUS for the current generation and EXTRA holds."""
 
         def check() -> Object | None:
-            obj = self.get_custom(namespace, plural, name)
-            if obj is None:
+            obj = self.get(gymkube_path(plural, namespace, name))
+            if obj is None or not condition_is(obj, kind, status):
                 return None
-            cond = condition(obj, kind)
-            current = cond is not None and cond.get("status") == status
             generation = obj["metadata"].get("generation", 0)
             observed = (obj.get("status") or {}).get("observedGeneration", 0)
-            return obj if current and observed >= generation and extra(obj) else None
+            return obj if observed >= generation and extra(obj) else None
 
         return wait_until(
             check, timeout=timeout, what=f"{plural}/{name} {kind}={status} in {namespace}"
@@ -187,23 +242,12 @@ class Cluster:
 
     # --- pods --------------------------------------------------------------------------------
 
-    def pods(self, namespace: str, selector: str) -> list[client.V1Pod]:
-        items: list[client.V1Pod] = self.core.list_namespaced_pod(
-            namespace, label_selector=selector
-        ).items
-        return sorted(items, key=lambda pod: pod.metadata.name)
+    def pods(self, namespace: str, selector: str) -> list[Object]:
+        return self.list_objects(api_path("v1", "pods", namespace), selector)
 
-    def pod_ready(self, namespace: str, name: str) -> client.V1Pod | None:
-        try:
-            pod = self.core.read_namespaced_pod(name, namespace)
-        except ApiException as err:
-            if err.status == 404:
-                return None
-            raise
-        if pod.metadata.deletion_timestamp is not None:
-            return None
-        ready = any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []))
-        return pod if ready else None
+    def pod_ready(self, namespace: str, name: str) -> Object | None:
+        pod = self.get(api_path("v1", "pods", namespace, name))
+        return pod if pod is not None and is_ready(pod) else None
 
     def pod_http(
         self,
@@ -216,23 +260,8 @@ class Cluster:
         timeout: float = 10.0,
     ) -> tuple[int, Object]:
         """GET (or POST BODY) http://POD:PORT/PATH through the API server's pod proxy."""
-        method = "GET" if body is None else "POST"
-        try:
-            response = self.api_client.call_api(
-                f"/api/v1/namespaces/{namespace}/pods/{pod}:{port}/proxy/{path.lstrip('/')}",
-                method,
-                body=body,
-                header_params={"Content-Type": "application/json", "Accept": "application/json"},
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _request_timeout=timeout,
-                _return_http_data_only=False,
-            )
-        except ApiException as err:
-            # Non-2xx answers (the env server's JSON errors, or the proxy's own) are results too.
-            return err.status, _json_object(err.body or "")
-        raw, status = response[0], response[1]
-        return status, _json_object(raw.data.decode() if raw.data else "")
+        proxy = f"{api_path('v1', 'pods', namespace, f'{pod}:{port}')}/proxy/{path.lstrip('/')}"
+        return self.request("GET" if body is None else "POST", proxy, body, timeout=timeout)
 
     def kubectl(self, *args: str, check: bool = True, timeout: float = 120.0) -> str:
         out = subprocess.run(

@@ -1,6 +1,7 @@
 """A one-node TrainingRun on a real cluster without GPUs: it waits for its pool, passes the CPU
 preflight, and creates the GPU Job, which stays Pending (asserted on spec and conditions)."""
 
+import json
 from typing import Any
 
 import pytest
@@ -9,8 +10,10 @@ from e2e_cluster import (
     VERSION,
     Cluster,
     E2ESettings,
+    api_path,
     condition_is,
     envpool_manifest,
+    gymkube_path,
     wait_until,
 )
 
@@ -40,14 +43,14 @@ def _trainingrun(name: str, pool: str) -> dict[str, Any]:
 def test_one_node_run_waits_for_its_pool_passes_preflight_and_creates_the_gpu_job(
     operator: Cluster, settings: E2ESettings, namespace: str
 ) -> None:
-    operator.apply_custom(namespace, "trainingruns", _trainingrun("grpo", "lake"))
+    operator.create(gymkube_path("trainingruns", namespace), _trainingrun("grpo", "lake"))
     waiting = operator.wait_condition(
         namespace, "trainingruns", "grpo", "EnvPoolReady", status="False", timeout=120
     )
     assert waiting["status"].get("training") is None, "training started before its pool existed"
-    assert operator.batch.list_namespaced_job(namespace).items == []
+    assert operator.names(api_path("batch/v1", "jobs", namespace)) == []
 
-    operator.apply_custom(namespace, "envpools", envpool_manifest("lake", "frozen_lake", 1))
+    operator.create(gymkube_path("envpools", namespace), envpool_manifest("lake", "frozen_lake", 1))
     run = operator.wait_condition(
         namespace,
         "trainingruns",
@@ -63,31 +66,33 @@ def test_one_node_run_waits_for_its_pool_passes_preflight_and_creates_the_gpu_jo
     child = status["training"]
     assert (child["apiVersion"], child["kind"]) == ("batch/v1", "Job")
 
-    job = operator.batch.read_namespaced_job(child["name"], namespace)
-    assert job.spec.backoff_limit == 0
-    assert job.spec.active_deadline_seconds == 3600
-    assert (job.spec.parallelism or 1) == 1
-    assert (job.spec.completions or 1) == 1
-    owners = [(o.kind, o.name) for o in job.metadata.owner_references or []]
+    job = operator.get(api_path("batch/v1", "jobs", namespace, child["name"]))
+    assert job is not None, f"the training Job {child['name']} does not exist"
+    spec = job["spec"]
+    assert spec.get("backoffLimit") == 0
+    assert spec.get("activeDeadlineSeconds") == 3600
+    assert spec.get("parallelism", 1) == 1
+    assert spec.get("completions", 1) == 1
+    owners = [(o["kind"], o["name"]) for o in job["metadata"].get("ownerReferences", [])]
     assert ("TrainingRun", "grpo") in owners
-    gpu_requests = [
-        (c.resources.limits or {}).get("nvidia.com/gpu") for c in job.spec.template.spec.containers
-    ]
-    assert str(GPUS) in gpu_requests, f"no container asks for {GPUS} GPUs: {gpu_requests}"
-    rendered = str(job.spec.template.spec.to_dict())
-    assert status["envPoolUrl"] in rendered, "the Job does not point the agent loop at the pool"
+    containers = spec["template"]["spec"]["containers"]
+    gpus = [c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu") for c in containers]
+    assert str(GPUS) in gpus, f"no container asks for {GPUS} GPUs: {gpus}"
+    assert status["envPoolUrl"] in json.dumps(spec["template"]), (
+        "the Job does not point the agent loop at the pool"
+    )
 
     def unschedulable() -> bool:
-        pods = operator.core.list_namespaced_pod(
-            namespace, label_selector=f"job-name={child['name']}"
-        )
+        pods = operator.pods(namespace, f"job-name={child['name']}")
         return any(
-            c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
-            for p in pods.items
-            for c in p.status.conditions or []
+            c.get("type") == "PodScheduled"
+            and c.get("status") == "False"
+            and c.get("reason") == "Unschedulable"
+            for p in pods
+            for c in (p.get("status") or {}).get("conditions") or []
         )
 
     wait_until(unschedulable, timeout=120, what="the GPU pod to be reported Unschedulable")
-    run = operator.get_custom(namespace, "trainingruns", "grpo")
-    assert not condition_is(run, "Succeeded")
-    assert not condition_is(run, "Failed")
+    final = operator.get(gymkube_path("trainingruns", namespace, "grpo"))
+    assert not condition_is(final, "Succeeded")
+    assert not condition_is(final, "Failed")

@@ -10,8 +10,10 @@ from e2e_cluster import (
     ENVSERVER_PORT,
     Cluster,
     E2ESettings,
+    api_path,
     envpool_manifest,
     envserver_selector,
+    gymkube_path,
     wait_until,
 )
 
@@ -69,6 +71,16 @@ def _play_episode(operator: Cluster, namespace: str, pod: str) -> dict[str, Any]
     return step
 
 
+def _terminations(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    """The last termination of each restarted container (exit code, reason)."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return [
+        s["lastState"]["terminated"]
+        for s in statuses
+        if s.get("restartCount", 0) > 0 and "terminated" in (s.get("lastState") or {})
+    ]
+
+
 def _start_pool(operator: Cluster, namespace: str) -> tuple[str, str]:
     watchdog = {
         "probePeriodSeconds": PROBE_PERIOD_S,
@@ -77,24 +89,36 @@ def _start_pool(operator: Cluster, namespace: str) -> tuple[str, str]:
         "canaryIntervalSeconds": 0,
     }
     manifest = envpool_manifest("lake", "frozen_lake", 2, watchdog=watchdog)
-    operator.apply_custom(namespace, "envpools", manifest)
+    operator.create(gymkube_path("envpools", namespace), manifest)
     operator.wait_pool_ready(namespace, "lake")
     victim, survivor = (
-        p.metadata.name for p in operator.pods(namespace, envserver_selector("lake"))
+        str(p["metadata"]["name"]) for p in operator.pods(namespace, envserver_selector("lake"))
     )
     return victim, survivor
 
 
+def _uid(operator: Cluster, namespace: str, pod: str) -> str:
+    found = operator.get(api_path("v1", "pods", namespace, pod))
+    assert found is not None, f"pod {pod} is gone"
+    return str(found["metadata"]["uid"])
+
+
 def _replaced(operator: Cluster, namespace: str, pod: str, old_uid: str) -> bool:
     current = operator.pod_ready(namespace, pod)
-    return current is not None and current.metadata.uid != old_uid
+    return current is not None and current["metadata"]["uid"] != old_uid
+
+
+def _restarts(operator: Cluster, namespace: str) -> dict[str, Any]:
+    pool = operator.get(gymkube_path("envpools", namespace, "lake")) or {}
+    restarts: dict[str, Any] = (pool.get("status") or {}).get("restarts") or {}
+    return restarts
 
 
 def test_watchdog_replaces_a_frozen_server(
     operator: Cluster, settings: E2ESettings, namespace: str
 ) -> None:
     victim, survivor = _start_pool(operator, namespace)
-    old_uid = operator.core.read_namespaced_pod(victim, namespace).metadata.uid
+    old_uid = _uid(operator, namespace, victim)
 
     _signal_server(operator, namespace, victim, "SIGSTOP")
     frozen_at = time.monotonic()
@@ -102,8 +126,7 @@ def test_watchdog_replaces_a_frozen_server(
     _play_episode(operator, namespace, survivor)
 
     def restart_recorded() -> dict[str, Any] | None:
-        pool = operator.get_custom(namespace, "envpools", "lake") or {}
-        restarts = (pool.get("status") or {}).get("restarts") or {}
+        restarts = _restarts(operator, namespace)
         return restarts if restarts.get("lastPod") == victim else None
 
     detect_budget = FAILURE_THRESHOLD * PROBE_PERIOD_S + 30
@@ -135,7 +158,7 @@ def test_a_killed_server_is_brought_back_and_the_cause_recorded(
     operator: Cluster, settings: E2ESettings, namespace: str
 ) -> None:
     victim, survivor = _start_pool(operator, namespace)
-    old_uid = operator.core.read_namespaced_pod(victim, namespace).metadata.uid
+    old_uid = _uid(operator, namespace, victim)
 
     _signal_server(operator, namespace, victim, "SIGKILL")
     _play_episode(operator, namespace, survivor)
@@ -144,13 +167,11 @@ def test_a_killed_server_is_brought_back_and_the_cause_recorded(
         pod = operator.pod_ready(namespace, victim)
         if pod is None:
             return None
-        if pod.metadata.uid != old_uid:
+        if pod["metadata"]["uid"] != old_uid:
             return "replaced"
         # The kubelet may restart the container before the watchdog's threshold is reached.
-        for status in pod.status.container_statuses or []:
-            terminated = status.last_state.terminated if status.last_state else None
-            if status.restart_count > 0 and terminated is not None:
-                return "restarted"
+        if _terminations(pod):
+            return "restarted"
         return None
 
     how = wait_until(
@@ -165,11 +186,7 @@ def test_a_killed_server_is_brought_back_and_the_cause_recorded(
     if how == "replaced":
         assert any(r["pod"] == victim for r in restarts.get("recent", [])), restarts
     else:
-        pod = operator.core.read_namespaced_pod(victim, namespace)
-        causes = [
-            s.last_state.terminated.exit_code
-            for s in pod.status.container_statuses or []
-            if s.last_state and s.last_state.terminated
-        ]
-        assert causes, "the container restart left no termination record"
+        pod = operator.get(api_path("v1", "pods", namespace, victim))
+        assert pod is not None
+        assert _terminations(pod), "the container restart left no termination record"
     _play_episode(operator, namespace, victim)
