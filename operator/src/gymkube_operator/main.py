@@ -4,6 +4,7 @@ import asyncio
 import contextlib
 import logging
 import sys
+import threading
 from typing import Any
 
 import kopf
@@ -59,8 +60,8 @@ async def run(
     settings: OperatorSettings,
     *,
     resolve: AddressResolver = pod_address,
-    stop_flag: asyncio.Event | None = None,
-    ready_flag: asyncio.Event | None = None,
+    stop_flag: threading.Event | None = None,
+    ready_flag: threading.Event | None = None,
 ) -> None:
     """Run the operator until stop_flag is set (or forever); tests pass their own resolver."""
     runtime = Runtime(settings=settings, resolve=resolve)

@@ -1,0 +1,262 @@
+"""The EnvPool operator against a real API server: validation, children, scale, updates, GC."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from controlplane import ControlPlane
+from operator_support import (
+    Cluster,
+    OperatorProcess,
+    envpool,
+    eventually,
+    install_crds,
+    running_operator,
+)
+
+pytestmark = pytest.mark.integration
+
+CHILDREN = {
+    ("StatefulSet", "{0}"),
+    ("Service", "{0}-backends"),
+    ("Deployment", "{0}-router"),
+    ("Service", "{0}"),
+    ("PodDisruptionBudget", "{0}"),
+}
+
+
+def expected_children(pool: str) -> set[tuple[str, str]]:
+    return {(kind, name.format(pool)) for kind, name in CHILDREN}
+
+
+@pytest.fixture(scope="module")
+def crds(kube: ControlPlane) -> None:
+    install_crds(kube)
+
+
+@pytest.fixture
+def cluster(kube: ControlPlane, namespace: str, crds: None) -> Iterator[Cluster]:
+    with kube.api_client() as client:
+        yield Cluster(client, namespace)
+
+
+@pytest.fixture
+def operator(kube: ControlPlane, cluster: Cluster, tmp_path: Path) -> Iterator[OperatorProcess]:
+    with running_operator(kube, cluster, tmp_path / "operator.log") as process:
+        yield process
+
+
+def apply(kube: ControlPlane, namespace: str, body: dict[str, Any]) -> tuple[int, str]:
+    result = kube.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(body), check=False)
+    return result.returncode, result.stderr
+
+
+INVALID: list[tuple[str, dict[str, Any], str]] = [
+    ("no env", {"replicas": 1}, "spec.env: Required value"),
+    ("unknown env", {"env": "doom"}, "env must be sciworld, frozen_lake, textarena:<GameId>"),
+    (
+        "more warm than capacity",
+        {"sessionsPerReplica": 4, "warmSessionsPerReplica": 8},
+        "warmSessionsPerReplica must not exceed sessionsPerReplica",
+    ),
+    ("negative replicas", {"replicas": -1}, "spec.replicas: Invalid value: -1"),
+    ("replicas as words", {"replicas": "four"}, 'spec.replicas: Invalid value: "string"'),
+    ("privileged port", {"port": 80}, "should be greater than or equal to 1024"),
+    ("no sessions", {"sessionsPerReplica": 0}, "should be greater than or equal to 1"),
+    (
+        "probe timeout too long",
+        {"watchdog": {"probePeriodSeconds": 2, "probeTimeoutSeconds": 5}},
+        "watchdog.probeTimeoutSeconds must be shorter than watchdog.probePeriodSeconds",
+    ),
+    (
+        "memory limit under request",
+        {"resources": {"requests": {"memory": "8Gi"}, "limits": {"memory": "4Gi"}}},
+        "resources.limits.memory must be at least resources.requests.memory",
+    ),
+    ("empty image", {"image": ""}, "spec.image: Invalid value"),
+    ("typo in a field", {"sessionPerReplica": 4}, 'unknown field "spec.sessionPerReplica"'),
+    ("too many routers", {"router": {"replicas": 500}}, "should be less than or equal to 100"),
+    ("zero unavailable", {"watchdog": {"maxUnavailable": 0}}, "spec.watchdog.maxUnavailable"),
+]
+
+
+@pytest.mark.parametrize(("case", "spec", "message"), INVALID, ids=[c[0] for c in INVALID])
+def test_invalid_pools_are_rejected_with_a_readable_message(
+    kube: ControlPlane, cluster: Cluster, case: str, spec: dict[str, Any], message: str
+) -> None:
+    body = envpool("pool", **spec)
+    if "env" not in spec and case == "no env":
+        del body["spec"]["env"]
+    code, stderr = apply(kube, cluster.namespace, body)
+    assert code != 0, f"{case}: accepted"
+    assert message in stderr
+    assert cluster.get("pool") is None
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("p" * 41, "EnvPool names are at most 40 characters"),
+        ("1pool", "EnvPool names must start with a letter"),
+    ],
+)
+def test_invalid_pool_names_are_rejected(
+    kube: ControlPlane, cluster: Cluster, name: str, message: str
+) -> None:
+    code, stderr = apply(kube, cluster.namespace, envpool(name))
+    assert code != 0
+    assert message in stderr
+
+
+def test_defaults_are_filled_in_by_the_api_server(cluster: Cluster) -> None:
+    created = cluster.create(envpool("defaults"))
+    spec = created["spec"]
+    assert spec["replicas"] == 1
+    assert spec["sessionsPerReplica"] == 16
+    assert spec["watchdog"]["probePeriodSeconds"] == 5
+    assert spec["router"]["replicas"] == 1
+    assert spec["suspend"] is False
+    cluster.custom.delete_namespaced_custom_object(
+        "gymkube.io", "v1alpha1", cluster.namespace, "envpools", "defaults"
+    )
+
+
+def test_a_valid_pool_gets_exactly_its_children_with_owner_references(
+    kube: ControlPlane, cluster: Cluster, operator: OperatorProcess
+) -> None:
+    uid = cluster.create(envpool("lake", replicas=2, sessionsPerReplica=8))["metadata"]["uid"]
+    pool = eventually("first reconcile", lambda: cluster.reconciled("lake"))
+    children = cluster.children("lake")
+    assert set(children) == expected_children("lake")
+    for child in children.values():
+        (ref,) = child.metadata.owner_references
+        assert (ref.kind, ref.name, ref.uid, ref.controller) == ("EnvPool", "lake", uid, True)
+    status = pool["status"]
+    assert status["url"] == f"http://lake.{cluster.namespace}.svc:8000"
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert set(conditions) == {"Ready", "Progressing", "Degraded"}
+    assert conditions["Ready"]["status"] == "False"
+    assert conditions["Degraded"]["status"] == "False"
+    # Printer columns and the short name work for users.
+    table = kube.kubectl("get", "ep", "-n", cluster.namespace).stdout
+    assert table.split()[:6] == ["NAME", "READY", "SESSIONS", "CAPACITY", "URL", "AGE"]
+    assert status["url"] in table
+
+
+def test_pool_becomes_ready_when_its_pods_are_ready(
+    kube: ControlPlane, cluster: Cluster, operator: OperatorProcess
+) -> None:
+    cluster.create(envpool("ready", replicas=2, sessionsPerReplica=4))
+    eventually("first reconcile", lambda: cluster.reconciled("ready"))
+
+    def all_pods_marked() -> bool | None:
+        marked = cluster.mark_pods_ready("gymkube.io/envpool=ready")
+        return True if marked == 3 else None  # two env servers and one router
+
+    eventually("pods created by the StatefulSet and Deployment controllers", all_pods_marked)
+    kube.kubectl(
+        "wait", "-n", cluster.namespace, "--for=condition=Ready", "envpool/ready", "--timeout=60s"
+    )
+    status = eventually("capacity in status", lambda: _status_with(cluster, "ready", capacity=8))
+    assert status["readyReplicas"] == 2
+
+
+def _status_with(cluster: Cluster, name: str, **fields: Any) -> dict[str, Any] | None:
+    pool = cluster.get(name) or {}
+    status: dict[str, Any] = pool.get("status", {})
+    return status if all(status.get(k) == v for k, v in fields.items()) else None
+
+
+def test_kubectl_scale_changes_the_number_of_env_servers(
+    kube: ControlPlane, cluster: Cluster, operator: OperatorProcess
+) -> None:
+    cluster.create(envpool("scaled", replicas=1))
+    eventually("first reconcile", lambda: cluster.reconciled("scaled"))
+    kube.kubectl("scale", "-n", cluster.namespace, "envpool/scaled", "--replicas=3")
+
+    def scaled() -> bool | None:
+        sts = cluster.apps.read_namespaced_stateful_set("scaled", cluster.namespace)
+        return True if sts.spec.replicas == 3 else None
+
+    eventually("StatefulSet scaled to 3", scaled)
+    eventually("status.replicas follows", lambda: _status_with(cluster, "scaled", replicas=3))
+    # The scale subresource reports what exists, through the same selector the pods carry.
+    scale = json.loads(
+        kube.kubectl("get", "--raw", _scale_path(cluster.namespace, "scaled")).stdout
+    )
+    assert scale["status"]["selector"] == (
+        "gymkube.io/envpool=scaled,app.kubernetes.io/component=envserver"
+    )
+
+
+def _scale_path(namespace: str, name: str) -> str:
+    return f"/apis/gymkube.io/v1alpha1/namespaces/{namespace}/envpools/{name}/scale"
+
+
+def test_a_spec_change_updates_the_children(cluster: Cluster, operator: OperatorProcess) -> None:
+    cluster.create(envpool("changing", image="reg/envserver:1"))
+    eventually("first reconcile", lambda: cluster.reconciled("changing"))
+    cluster.patch(
+        "changing",
+        {"image": "reg/envserver:2", "sessionsPerReplica": 32, "router": {"replicas": 2}},
+    )
+    eventually("second reconcile", lambda: cluster.reconciled("changing", generation=2))
+    sts = cluster.apps.read_namespaced_stateful_set("changing", cluster.namespace)
+    container = sts.spec.template.spec.containers[0]
+    assert container.image == "reg/envserver:2"
+    assert container.args[container.args.index("--max-sessions") + 1] == "32"
+    router = cluster.apps.read_namespaced_deployment("changing-router", cluster.namespace)
+    assert router.spec.replicas == 2
+    assert set(cluster.children("changing")) == expected_children("changing")
+
+
+def test_suspend_scales_to_zero_and_keeps_the_pool(
+    cluster: Cluster, operator: OperatorProcess
+) -> None:
+    cluster.create(envpool("paused", replicas=2))
+    eventually("first reconcile", lambda: cluster.reconciled("paused"))
+    cluster.patch("paused", {"suspend": True})
+    pool = eventually("suspended", lambda: cluster.reconciled("paused", generation=2))
+    sts = cluster.apps.read_namespaced_stateful_set("paused", cluster.namespace)
+    router = cluster.apps.read_namespaced_deployment("paused-router", cluster.namespace)
+    assert (sts.spec.replicas, router.spec.replicas) == (0, 0)
+    ready = next(c for c in pool["status"]["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "Suspended")
+    assert pool["spec"]["replicas"] == 2
+
+
+def test_deleting_the_pool_garbage_collects_its_children(
+    cluster: Cluster, operator: OperatorProcess
+) -> None:
+    cluster.create(envpool("doomed"))
+    eventually("first reconcile", lambda: cluster.reconciled("doomed"))
+    assert set(cluster.children("doomed")) == expected_children("doomed")
+    cluster.custom.delete_namespaced_custom_object(
+        "gymkube.io", "v1alpha1", cluster.namespace, "envpools", "doomed"
+    )
+    eventually("pool gone", lambda: True if cluster.get("doomed") is None else None)
+    eventually("children collected", lambda: True if not cluster.children("doomed") else None)
+
+
+def test_restarting_the_operator_mid_reconcile_creates_no_duplicates(
+    kube: ControlPlane, cluster: Cluster, tmp_path: Path
+) -> None:
+    names = [f"pool-{i}" for i in range(15)]
+    first = OperatorProcess(kube, cluster.namespace, tmp_path / "first.log")
+    try:
+        for name in names:
+            cluster.create(envpool(name))
+        # Kill it as soon as it started writing children, mid-way through the batch.
+        eventually("some children", lambda: True if cluster.children("pool-0") else None)
+    finally:
+        first.kill()
+    with running_operator(kube, cluster, tmp_path / "second.log"):
+        for name in names:
+            eventually(f"{name} reconciled", lambda n=name: cluster.reconciled(n))  # type: ignore[misc]
+            assert set(cluster.children(name)) == expected_children(name)
+        statefulsets = cluster.apps.list_namespaced_stateful_set(cluster.namespace).items
+        assert sorted(s.metadata.name for s in statefulsets) == sorted(names)
