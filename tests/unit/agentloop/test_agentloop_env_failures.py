@@ -1,0 +1,99 @@
+"""How the gymkube_env loop behaves when the env pool fails, is full or cannot be reached."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from agentloop_harness import EnvServer, ScriptedLLM, free_port, instantiate_loop, run_row
+from transformers import PreTrainedTokenizerFast
+
+pytestmark = pytest.mark.unit
+
+WINNING_TASK, WINNING_REPLIES = "frozen_lake_3", ["<action>down</action>"] * 2
+
+
+def post(url: str, body: dict[str, object]) -> dict[str, object]:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=5) as reply:
+        answer: dict[str, object] = json.load(reply)
+        return answer
+
+
+async def test_a_server_killed_mid_episode_ends_the_trajectory_within_two_seconds(
+    start_env_server: Callable[..., EnvServer],
+    tokenizer: PreTrainedTokenizerFast,
+    agent_yaml: Callable[..., Path],
+) -> None:
+    server = start_env_server("frozen_lake")
+    agent_yaml(server.url)
+    killed_at: list[float] = []
+
+    def kill_before_second_reply(turn: int) -> None:
+        if turn == 1:
+            server.kill()
+            killed_at.append(time.monotonic())
+
+    llm = ScriptedLLM(tokenizer, ["<action>left</action>"], on_generate=kill_before_second_reply)
+    output = await run_row(instantiate_loop("gymkube_env", llm, tokenizer), "frozen_lake_5")
+    ended_after = time.monotonic() - killed_at[0]
+
+    assert ended_after < 2.0
+    assert output.reward_score == 0.0
+    assert output.extra_fields["env_ending"] == "env_lost"
+    assert "unreachable" in output.extra_fields["env_detail"]
+    # The step, then one quick attempt at closing the session.
+    assert output.extra_fields["env_errors"] == {"unreachable": 2}
+    # What the model said before the env died is kept but trains nothing.
+    assert len(output.response_ids) > 0
+    assert set(output.response_mask) == {0}
+
+
+async def test_a_full_pool_is_waited_out_as_its_retry_after_says(
+    start_env_server: Callable[..., EnvServer],
+    tokenizer: PreTrainedTokenizerFast,
+    agent_yaml: Callable[..., Path],
+) -> None:
+    server = start_env_server("frozen_lake", "--max-sessions", "1", "--retry-after", "1")
+    agent_yaml(server.url)
+    blocker = post(server.url + "/create", {})["id"]
+    llm = ScriptedLLM(tokenizer, WINNING_REPLIES)
+    started = time.monotonic()
+    trajectory = asyncio.create_task(
+        run_row(instantiate_loop("gymkube_env", llm, tokenizer), WINNING_TASK)
+    )
+    await asyncio.sleep(0.3)
+    post(server.url + "/close", {"id": blocker})
+    output = await trajectory
+
+    assert output.extra_fields["env_ending"] == "done"
+    assert output.reward_score == 1.0
+    assert output.extra_fields["env_retries"] == {"at_capacity": 1}
+    assert output.extra_fields["env_errors"] == {}
+    # The slot was free after 0.3 s, but the pool asked for 1 s between tries.
+    assert time.monotonic() - started >= 1.0
+
+
+async def test_an_unreachable_pool_ends_the_trajectory_after_the_retry_deadline(
+    tokenizer: PreTrainedTokenizerFast,
+    agent_yaml: Callable[..., Path],
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    agent_yaml(url, "  env_client:\n    retry_deadline_s: 0.5\n")
+    llm = ScriptedLLM(tokenizer, WINNING_REPLIES)
+    started = time.monotonic()
+    output = await run_row(instantiate_loop("gymkube_env", llm, tokenizer), WINNING_TASK)
+
+    assert time.monotonic() - started < 2.0
+    assert output.reward_score == 0.0
+    assert output.extra_fields["env_ending"] == "env_lost"
+    assert url in output.extra_fields["env_detail"]
+    assert output.response_ids == []
+    assert llm.calls == []
