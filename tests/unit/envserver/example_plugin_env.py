@@ -1,7 +1,8 @@
 """An ms-swift-shaped plugin env for the tests: guess a secret number in few replies.
 
 Served as ``plugin:example_plugin_env:GuessNumberEnv`` (this folder on ``sys.path``).
-Each step records the message history it was given, so tests can check what the server passes.
+Each step records the message history it was given (``last_messages``), so tests can check
+what the server passes.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ class GuessNumberEnv:
     concurrent_steps = 0
     most_concurrent_steps = 0
     closed = 0
+    last_messages: list[dict[str, Any]] = []
 
     def __init__(self, env_config: dict[str, Any]) -> None:
         self.env_config = env_config
         self.high = int(env_config.get("high", 10))
         self.step_delay_s = float(env_config.get("step_delay_s", 0.0))
         self.secret = 0
-        self.seen_messages: list[list[dict[str, Any]]] = []
 
     async def reset(self, request: Any) -> tuple[str, dict[str, Any], str]:
         data = request.data_dict
@@ -39,7 +40,7 @@ class GuessNumberEnv:
         cls.most_concurrent_steps = max(cls.most_concurrent_steps, cls.concurrent_steps)
         try:
             await asyncio.sleep(self.step_delay_s)
-            self.seen_messages.append([dict(message) for message in messages])
+            cls.last_messages = [dict(message) for message in messages]
             match = re.search(r"<guess>(\d+)</guess>", messages[-1]["content"])
             if match is None:
                 return "Answer as <guess>N</guess>.", 0.0, False, {"valid": False}

@@ -1,0 +1,86 @@
+"""Plugin envs with ms-swift's Env shape: history kept by the server, calls serialised."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Iterator
+
+import pytest
+from conftest import HERE, asgi_client, settings
+from gymkube_envserver.envs import EnvSpecError, load_backend
+
+pytestmark = pytest.mark.unit
+
+PLUGIN = "plugin:example_plugin_env:GuessNumberEnv"
+
+
+@pytest.fixture(autouse=True)
+def plugin_importable(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.syspath_prepend(str(HERE))
+    yield
+    sys.modules.pop("example_plugin_env", None)
+
+
+def plugin_class() -> type:
+    return sys.modules["example_plugin_env"].GuessNumberEnv  # type: ignore[no-any-return]
+
+
+async def test_steps_get_the_whole_conversation_and_score_sums_rewards() -> None:
+    async with asgi_client(env=PLUGIN) as client:
+        session = (await client.post("/create", json={"env_config": {"high": 4}})).json()["id"]
+        reset = (await client.post("/reset", json={"id": session, "seed": 11})).json()
+        assert reset["task_description"].startswith("Guess my number between 1 and 4")
+        assert reset["system_message"] == reset["task_description"]
+        answers = []
+        for guess in range(1, 5):
+            body = (
+                await client.post(
+                    "/step", json={"id": session, "action": f"<guess>{guess}</guess>"}
+                )
+            ).json()
+            answers.append(body)
+            if body["done"]:
+                break
+        assert answers[-1]["observation"] == "Correct!"
+        assert answers[-1]["score"] == 1.0
+        last = env.seen_messages[-1]
+        assert [message["role"] for message in last[:3]] == ["system", "user", "assistant"]
+        assert last[1]["content"] == "I picked a number."
+        assert last[-1] == {"role": "assistant", "content": f"<guess>{len(answers)}</guess>"}
+        assert len(last) == 2 + 2 * len(answers) - 1
+        closed_before = plugin_class().closed
+        await client.post("/close", json={"id": session})
+        await asyncio.sleep(0.05)
+        assert plugin_class().closed == closed_before + 1
+
+
+async def test_one_sessions_calls_are_serialised_while_sessions_run_in_parallel() -> None:
+    async with asgi_client(env=PLUGIN, warm=0) as client:
+        config = {"env_config": {"step_delay_s": 0.05, "high": 1000}}
+        sessions = [(await client.post("/create", json=config)).json()["id"] for _ in range(2)]
+        for session in sessions:
+            await client.post("/reset", json={"id": session, "seed": 1})
+        plugin = plugin_class()
+        plugin.most_concurrent_steps = 0
+
+        async def step(session: str) -> int:
+            response = await client.post(
+                "/step", json={"id": session, "action": "<guess>0</guess>"}
+            )
+            return response.status_code
+
+        statuses = await asyncio.gather(*(step(sessions[0]) for _ in range(4)))
+        assert statuses == [200] * 4
+        assert plugin.most_concurrent_steps == 1
+        await asyncio.gather(*(step(session) for session in sessions))
+        assert plugin.most_concurrent_steps == 2
+
+
+def test_classes_without_the_env_shape_are_refused() -> None:
+    with pytest.raises(EnvSpecError, match="no class"):
+        load_backend(settings(env="plugin:example_plugin_env:Missing"))
+    with pytest.raises(EnvSpecError, match="cannot import"):
+        load_backend(settings(env="plugin:no_such_module_here:Env"))
+    with pytest.raises(EnvSpecError, match="lacks async reset, step, close"):
+        load_backend(settings(env="plugin:json:JSONDecoder"))

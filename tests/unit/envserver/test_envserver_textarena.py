@@ -1,0 +1,71 @@
+"""TextArena Sudoku over HTTP, offline; games that cannot run here are refused at startup."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import asgi_client, settings
+from gymkube_envserver.envs import EnvSpecError, load_backend
+
+pytestmark = pytest.mark.unit
+
+
+def sudoku_grid(observation: str) -> list[list[str]]:
+    """The last board in an observation: rows 'R1  2  1  . | ...' as 9 cells each."""
+    rows: dict[int, list[str]] = {}
+    for line in observation.splitlines():
+        parts = line.replace("|", " ").split()
+        if parts and parts[0].startswith("R") and parts[0][1:].isdigit() and len(parts) == 10:
+            rows[int(parts[0][1:])] = parts[1:]
+    return [rows[number] for number in range(1, 10)]
+
+
+def legal_move(grid: list[list[str]]) -> tuple[int, int, int]:
+    for row in range(9):
+        for col in range(9):
+            if grid[row][col] != ".":
+                continue
+            box = [
+                grid[r][c]
+                for r in range(row // 3 * 3, row // 3 * 3 + 3)
+                for c in range(col // 3 * 3, col // 3 * 3 + 3)
+            ]
+            used = set(grid[row]) | {grid[r][col] for r in range(9)} | set(box)
+            for digit in "123456789":
+                if digit not in used:
+                    return row + 1, col + 1, int(digit)
+    raise AssertionError("no legal move on the board")
+
+
+async def test_sudoku_episode_over_http() -> None:
+    async with asgi_client(env="textarena:Sudoku-v0-train") as client:
+        tasks = (await client.get("/tasks")).json()
+        assert tasks["score_scale"] == {"min": -1.0, "max": 1.0}
+        session = (await client.post("/create")).json()["id"]
+        reset = (await client.post("/reset", json={"id": session, "data_idx": 3})).json()
+        assert reset["done"] is False
+        grid = sudoku_grid(reset["observation"])
+        row, col, digit = legal_move(grid)
+        step = await client.post("/step", json={"id": session, "action": f"[{row} {col} {digit}]"})
+        body = step.json()
+        assert step.status_code == 200
+        assert body["done"] is False
+        assert sudoku_grid(body["observation"])[row - 1][col - 1] == str(digit)
+        filled = next((r, c) for r in range(9) for c in range(9) if grid[r][c] != ".")
+        overwrite = f"[{filled[0] + 1} {filled[1] + 1} 1]"
+        rejected = (await client.post("/step", json={"id": session, "action": overwrite})).json()
+        assert "invalid" in rejected["observation"].lower()
+        again = (await client.post("/reset", json={"id": session, "data_idx": 3})).json()
+        assert sudoku_grid(again["observation"]) == grid
+
+
+@pytest.mark.parametrize(
+    ("env", "reason"),
+    [
+        ("textarena:Wordle-v0", "needs data that is not installed"),
+        ("textarena:TicTacToe-v0", "not a single-player game"),
+        ("textarena:NoSuchGame-v0", "unknown TextArena game"),
+    ],
+)
+def test_unusable_games_are_refused_with_a_reason(env: str, reason: str) -> None:
+    with pytest.raises(EnvSpecError, match=reason):
+        load_backend(settings(env=env))
