@@ -3,6 +3,8 @@
 import asyncio
 import contextlib
 import logging
+import os
+import pathlib
 import sys
 import threading
 from typing import Any
@@ -78,6 +80,15 @@ async def run(
     )
 
 
+SERVICE_ACCOUNT_TOKEN = pathlib.Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+
+
+def has_credentials() -> bool:
+    kubeconfig = os.environ.get("KUBECONFIG") or str(pathlib.Path.home() / ".kube" / "config")
+    paths = [pathlib.Path(p) for p in kubeconfig.split(os.pathsep) if p]
+    return SERVICE_ACCOUNT_TOKEN.exists() or any(p.is_file() for p in paths)
+
+
 def main() -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -86,6 +97,13 @@ def main() -> None:
         settings = OperatorSettings()
     except ValidationError as error:
         print(f"gymkube-operator: bad settings:\n{error}", file=sys.stderr)
+        sys.exit(2)
+    if not has_credentials():
+        print(
+            "gymkube-operator: no service-account token and no kubeconfig "
+            "(set KUBECONFIG or run in a pod)",
+            file=sys.stderr,
+        )
         sys.exit(2)
     scope = ", ".join(settings.namespaces) or "all namespaces"
     logging.getLogger("gymkube_operator").info("watching %s", scope)

@@ -71,6 +71,10 @@ def _describe(action: Action) -> str:
     return f"{action.pod}: {action.reason}: {action.message}"
 
 
+def _status(body: kopf.Body) -> EnvPoolStatus:
+    return EnvPoolStatus.model_validate(body.get("status") or {})
+
+
 def _first(index: kopf.Index[PoolKey, Object], key: PoolKey) -> Object | None:
     return next(iter(index.get(key, [])), None)
 
@@ -103,7 +107,7 @@ async def reconcile(
 ) -> None:
     spec = builders.parse_spec(body["spec"])
     observed = await _apply_children(rt, name, namespace, uid, spec)
-    previous = EnvPoolStatus.model_validate(body.get("status") or {})
+    previous = _status(body)
     status = compute_status(
         name=name,
         namespace=namespace,
@@ -160,22 +164,27 @@ async def watch_once(
     statefulsets, routers, pods_index = indexes
     key = (namespace, name)
     spec = builders.parse_spec(body["spec"])
-    previous = EnvPoolStatus.model_validate(body.get("status") or {})
     pods = [] if spec.suspend else list(pods_index.get(key, []))
     observations = await observe(
         rt.probes, pods, spec.port, spec.watchdog, rt.resolve, rt.probe_limit
     )
     now = time.time()
-    plan = decide(observations, memory, spec.watchdog, restart_times(previous.restarts), now)
+    history = restart_times(_status(body).restarts)
+    plan = decide(observations, memory, spec.watchdog, history, now)
     by_uid = {p["metadata"]["uid"]: p for p in pods}
     done = await _carry_out(rt, plan, by_uid, spec, namespace, body)
+    # The body is live: read the status again now, after the probes, so a reconcile that
+    # finished meanwhile is not overwritten with an older generation.
+    previous = _status(body)
+    if not previous.observed_generation:
+        return  # the first reconcile has not written status yet
     observed = Observed(
         statefulset=_first(statefulsets, key),
         router=_first(routers, key),
         pods=observations,
         budget_exhausted=plan.budget_exhausted and bool(plan.held),
     )
-    if (observed.statefulset is None or observed.router is None) and previous.observed_generation:
+    if observed.statefulset is None or observed.router is None:
         # A child went missing (deleted by hand): put it back, level-based.
         observed = await _apply_children(rt, name, namespace, uid, spec)
     status = compute_status(

@@ -69,6 +69,8 @@ def _progressing(
     router_replicas, _, router_updated, router_caught_up = _workload(observed.router)
     if observed.statefulset is None or observed.router is None:
         return ConditionStatus.TRUE, "Creating", "creating the pool's children"
+    if "observedGeneration" not in observed.statefulset.get("status", {}):
+        return ConditionStatus.TRUE, "Creating", "the StatefulSet controller has not acted yet"
     if not caught_up or updated < wanted:
         return ConditionStatus.TRUE, "RollingOut", f"{updated}/{wanted} env servers updated"
     if replicas != wanted or ready < wanted:
