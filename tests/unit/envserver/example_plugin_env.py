@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 import re
-from typing import Any
+from typing import Any, ClassVar
 
 
 class GuessNumberEnv:
@@ -19,7 +19,7 @@ class GuessNumberEnv:
     concurrent_steps = 0
     most_concurrent_steps = 0
     closed = 0
-    last_messages: list[dict[str, Any]] = []
+    last_messages: ClassVar[list[dict[str, Any]]] = []
 
     def __init__(self, env_config: dict[str, Any]) -> None:
         self.env_config = env_config

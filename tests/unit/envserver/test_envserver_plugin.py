@@ -34,17 +34,14 @@ async def test_steps_get_the_whole_conversation_and_score_sums_rewards() -> None
         assert reset["system_message"] == reset["task_description"]
         answers = []
         for guess in range(1, 5):
-            body = (
-                await client.post(
-                    "/step", json={"id": session, "action": f"<guess>{guess}</guess>"}
-                )
-            ).json()
+            action = f"<guess>{guess}</guess>"
+            body = (await client.post("/step", json={"id": session, "action": action})).json()
             answers.append(body)
             if body["done"]:
                 break
         assert answers[-1]["observation"] == "Correct!"
         assert answers[-1]["score"] == 1.0
-        last = env.seen_messages[-1]
+        last = plugin_class().last_messages
         assert [message["role"] for message in last[:3]] == ["system", "user", "assistant"]
         assert last[1]["content"] == "I picked a number."
         assert last[-1] == {"role": "assistant", "content": f"<guess>{len(answers)}</guess>"}
