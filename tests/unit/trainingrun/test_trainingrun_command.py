@@ -1,0 +1,277 @@
+"""The verl command a TrainingRun renders, checked against verl 0.9.1's own Hydra config on CPU,
+and the agent-loop YAML and CLI steps checked against the real gymkube_agentloop."""
+
+import dataclasses
+import importlib
+import importlib.util
+import json
+import pathlib
+import shlex
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any, get_args
+
+import pytest
+import yaml
+from gymkube_operator.trainingrun import command, lifecycle
+from gymkube_operator.trainingrun.command import RunTarget
+from gymkube_operator.trainingrun.models import Algorithm, TrainingRunSpec
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf import DictConfig
+
+pytestmark = pytest.mark.unit
+
+REPO = pathlib.Path(__file__).resolve().parents[3]
+EXAMPLE = REPO / "examples" / "trainingrun-sciworld-grpo.yaml"
+POOL_URL = "http://sciworld.rl.svc:8000"
+BIN = pathlib.Path(sys.executable).parent
+
+
+def target(spec: dict[str, Any] | TrainingRunSpec, name: str = "sciworld-grpo") -> RunTarget:
+    if isinstance(spec, dict):
+        spec = TrainingRunSpec.model_validate(
+            {"envPoolRef": {"name": "sciworld"}, "model": {"path": "/models/Qwen"}, **spec}
+        )
+    return RunTarget(
+        name=name,
+        namespace="rl",
+        uid="uid-1",
+        spec=spec,
+        pool_url=POOL_URL,
+        env="sciworld",
+        trainer_image="reg/trainer:1",
+        preflight_image="reg/preflight:1",
+    )
+
+
+def example_spec() -> TrainingRunSpec:
+    docs = [d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d["kind"] == "TrainingRun"]
+    return TrainingRunSpec.model_validate(docs[0]["spec"])
+
+
+@pytest.fixture(scope="module")
+def verl_config() -> Iterator[Any]:
+    """compose(overrides) against verl 0.9.1's installed ppo_trainer config."""
+    spec = importlib.util.find_spec("verl")
+    assert spec is not None
+    assert spec.submodule_search_locations
+    config_dir = pathlib.Path(spec.submodule_search_locations[0]) / "trainer" / "config"
+    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+
+        def composed(overrides: list[str]) -> DictConfig:
+            cfg: DictConfig = compose(config_name="ppo_trainer", overrides=overrides)
+            return cfg
+
+        yield composed
+
+
+def test_rendered_overrides_land_in_verls_config(verl_config: Any) -> None:
+    run = target({"nodes": 1, "gpusPerNode": 4, "agentLoop": {"maxTurns": 12}})
+    cfg = verl_config(command.verl_overrides(run))
+    rollout = cfg.actor_rollout_ref.rollout
+    assert cfg.algorithm.adv_estimator == "grpo"
+    assert list(cfg.data.train_files) == ["/data/train.parquet"]
+    assert list(cfg.data.val_files) == ["/data/val.parquet"]
+    assert cfg.actor_rollout_ref.model.path == "/models/Qwen"
+    assert (rollout.name, rollout.mode) == ("vllm", "async")
+    assert rollout.agent.agent_loop_config_path == "/etc/gymkube/agent-loop.yaml"
+    assert rollout.agent.default_agent_loop == "gymkube_env"
+    assert rollout.multi_turn.max_assistant_turns == 12
+    assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (1, 4)
+    assert cfg.trainer.default_local_dir == "/checkpoints/sciworld-grpo"
+    assert list(cfg.trainer.logger) == ["console"]
+    # The rollout's padding follows the data budgets verl derives it from.
+    assert (rollout.prompt_length, rollout.response_length) == (2048, 8192)
+
+
+def test_user_overrides_come_last_and_win(verl_config: Any) -> None:
+    run = target({"overrides": ["trainer.logger=[console,wandb]", "actor_rollout_ref.rollout.n=8"]})
+    rendered = command.verl_overrides(run)
+    assert rendered[-2:] == ["trainer.logger=[console,wandb]", "actor_rollout_ref.rollout.n=8"]
+    cfg = verl_config(rendered)
+    assert list(cfg.trainer.logger) == ["console", "wandb"]
+    assert cfg.actor_rollout_ref.rollout.n == 8
+
+
+def test_a_misspelled_user_key_fails_composition(verl_config: Any) -> None:
+    run = target({"overrides": ["trainer.total_epoch=3"]})
+    with pytest.raises(ConfigCompositionException, match=r"trainer\.total_epoch"):
+        verl_config(command.verl_overrides(run))
+
+
+def test_every_key_gymkube_sets_is_checked_by_verl(verl_config: Any) -> None:
+    """Misspell each of gymkube's own keys in turn: verl's config rejects every one, so none of
+    them is a silently ignored addition."""
+    ours = command.verl_overrides(target({"algorithm": "gae"}))
+    for index, override in enumerate(ours):
+        key, value = override.split("=", 1)
+        broken = [*ours[:index], f"{key}_x={value}", *ours[index + 1 :]]
+        with pytest.raises(ConfigCompositionException):
+            verl_config(broken)
+
+
+@pytest.mark.parametrize("algorithm", get_args(Algorithm))
+def test_every_algorithm_is_one_verl_knows(verl_config: Any, algorithm: str) -> None:
+    from verl.trainer.ppo.core_algos import AdvantageEstimator
+
+    cfg = verl_config(command.verl_overrides(target({"algorithm": algorithm})))
+    assert AdvantageEstimator(cfg.algorithm.adv_estimator).value == algorithm
+    if algorithm == "gae":
+        assert cfg.critic.model.path == "/models/Qwen"
+
+
+def test_awkward_strings_survive_hydra_quoting(verl_config: Any) -> None:
+    run = target({"model": {"path": "/models/it's a [model],v2=1"}}, name="run-1")
+    cfg = verl_config(command.verl_overrides(run))
+    assert cfg.actor_rollout_ref.model.path == "/models/it's a [model],v2=1"
+    assert cfg.trainer.experiment_name == "run-1"
+
+
+def test_the_example_passes_verls_own_validation(verl_config: Any) -> None:
+    """What main_ppo checks before it starts Ray: the example's batch sizes fit 8 GPUs."""
+    from verl.trainer.main_ppo import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    cfg = verl_config(command.verl_overrides(target(example_spec())))
+    assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (1, 8)
+    validate_config(
+        config=cfg,
+        use_reference_policy=need_reference_policy(cfg),
+        use_critic=need_critic(cfg),
+    )
+
+
+def test_ray_entrypoint_is_the_same_command_as_one_shell_string() -> None:
+    run = target({"nodes": 2, "overrides": ["trainer.project_name='my runs'"]})
+    assert shlex.split(command.verl_entrypoint(run)) == command.verl_command(run)
+    assert command.verl_command(run)[:3] == ["python3", "-m", "verl.trainer.main_ppo"]
+
+
+def test_agent_loop_yaml_names_the_gymkube_loop_with_settings_it_accepts() -> None:
+    from gymkube_agentloop.agent_loop import AGENT_NAME
+    from gymkube_agentloop.settings import AgentLoopSettings
+    from verl.experimental.agent_loop.agent_loop import AgentLoopBase
+
+    run = target(example_spec())
+    files = command.config_files(run)
+    (entry,) = yaml.safe_load(files[command.AGENT_LOOP_FILE])
+    module, _, cls = entry["_target_"].rpartition(".")
+    loop_class = getattr(importlib.import_module(module), cls)
+    assert issubclass(loop_class, AgentLoopBase)
+    assert entry["name"] == AGENT_NAME == command.AGENT_LOOP_NAME
+    options = {k: v for k, v in entry.items() if k not in ("name", "_target_")}
+    # The loop's settings forbid unknown keys: a misspelled option would fail here.
+    settings = AgentLoopSettings(**options)
+    assert settings.env_url == POOL_URL
+    assert (settings.max_turns, settings.max_observation_tokens) == (20, 1024)
+    assert settings.prompt_template == "sciworld"
+    assert settings.reward.value == "final"
+    assert yaml.safe_load(files[command.SETTINGS_FILE])["envPoolUrl"] == POOL_URL
+
+
+def test_dataset_and_preflight_arguments_parse_with_the_real_clis() -> None:
+    from gymkube_agentloop import dataset, preflight
+
+    run = target({"agentLoop": {"promptTemplate": "sciworld", "maxTurns": 7}})
+    steps = command.dataset_commands(run)
+    assert set(steps) == {"dataset-train", "dataset-val"}
+    train = dataset.parse_args(steps["dataset-train"][1:])
+    val = dataset.parse_args(steps["dataset-val"][1:])
+    assert (train.split, train.size, str(train.out)) == ("train", 2000, "/data/train.parquet")
+    assert (val.split, val.size, str(val.out)) == ("dev", 200, "/data/val.parquet")
+    assert train.env_url == POOL_URL
+    assert train.template == "sciworld"
+
+    sh, flag, _script, argv0, *args = command.preflight_command(run)
+    assert (sh, flag, argv0) == ("sh", "-c", "gymkube-preflight")
+    parsed = preflight.parse_args(args)
+    assert (parsed.env, parsed.episodes, parsed.policy) == ("sciworld", 8, "scripted")
+    assert (parsed.split, parsed.max_steps) == ("train", 7)
+
+
+@pytest.fixture(scope="module")
+def frozen_lake_url() -> Iterator[str]:
+    """A real gymkube-envserver serving frozen_lake on a free loopback port."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [
+            str(BIN / "gymkube-envserver"),
+            "--env",
+            "frozen_lake",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert server.poll() is None, "env server exited"
+            try:
+                with urllib.request.urlopen(url + "/readyz", timeout=1):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "env server not ready in 30 s"
+                time.sleep(0.1)
+        yield url
+    finally:
+        server.kill()
+        server.wait()
+
+
+def run_preflight_script(
+    tmp_path: pathlib.Path, url: str, env: str
+) -> tuple[subprocess.CompletedProcess[str], str]:
+    """The pod's preflight command, run by a real sh with the real gymkube-preflight; the
+    termination log and scratch file are redirected into tmp_path."""
+    run = dataclasses.replace(target({"preflight": {"episodes": 2}}), pool_url=url, env=env)
+    sh, flag, script, argv0, *args = command.preflight_command(run)
+    termination = tmp_path / "termination-log"
+    termination.write_text("")
+    script = script.replace("/dev/termination-log", str(termination)).replace(
+        "/tmp/summary.json", str(tmp_path / "summary.json")
+    )
+    result = subprocess.run(
+        [sh, flag, script, argv0, *args],
+        env={"PATH": f"{BIN}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    return result, termination.read_text()
+
+
+def test_preflight_summary_reaches_the_termination_log_compact(
+    tmp_path: pathlib.Path, frozen_lake_url: str
+) -> None:
+    result, termination = run_preflight_script(tmp_path, frozen_lake_url, "frozen_lake")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(termination)
+    assert "\n" not in termination.strip()
+    assert summary == json.loads(result.stdout)
+    assert summary["ok"] is True
+    assert summary["episodes"] == 2
+    assert lifecycle.parse_summary(termination) == (summary, None)
+
+
+def test_a_failing_preflight_keeps_its_exit_code(
+    tmp_path: pathlib.Path, frozen_lake_url: str
+) -> None:
+    # The pool serves frozen_lake, the run asks for sciworld: gymkube-preflight refuses.
+    result, termination = run_preflight_script(tmp_path, frozen_lake_url, "sciworld")
+    assert result.returncode != 0
+    assert "sciworld" in result.stderr
+    # Nothing in the termination log: the kubelet falls back to the log tail (the error above).
+    assert termination == ""
