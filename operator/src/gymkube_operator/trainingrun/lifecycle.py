@@ -301,7 +301,10 @@ class _Writer:
                 found.append(Event("Warning" if warn else "Normal", after.reason, after.message))
         if outcome is not None and outcome.phase != self.previous.phase:
             warn = outcome.phase == Phase.FAILED
-            found.append(Event("Warning" if warn else "Normal", outcome.reason, outcome.message))
+            phase_event = Event("Warning" if warn else "Normal", outcome.reason, outcome.message)
+            # The phase often moves for the very reason a condition flipped: say it once.
+            found = [e for e in found if e.reason != phase_event.reason]
+            found.append(phase_event)
         return found
 
 

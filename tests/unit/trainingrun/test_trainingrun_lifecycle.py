@@ -1,0 +1,310 @@
+"""The TrainingRun life, one pure reconcile at a time: what is created, and what status says."""
+
+import datetime
+import json
+from typing import Any
+
+import pytest
+from gymkube_operator.objects import Object
+from gymkube_operator.trainingrun import lifecycle
+from gymkube_operator.trainingrun.lifecycle import Observed, Plan, Run
+from gymkube_operator.trainingrun.models import Phase, TrainingRunSpec, TrainingRunStatus
+
+pytestmark = pytest.mark.unit
+
+NOW = datetime.datetime(2026, 5, 1, 12, 0, 0, tzinfo=datetime.UTC)
+RUN = Run(
+    name="grpo",
+    namespace="rl",
+    uid="uid-1",
+    generation=3,
+    trainer_image="reg/trainer:1",
+    preflight_image="reg/preflight:1",
+)
+URL = "http://sciworld.rl.svc:8000"
+SUMMARY = {"ok": True, "episodes": 8, "mean_score": 0.4}
+
+
+def spec(**fields: Any) -> TrainingRunSpec:
+    return TrainingRunSpec.model_validate(
+        {"envPoolRef": {"name": "sciworld"}, "model": {"path": "/models/q"}, **fields}
+    )
+
+
+def pool(ready: bool = True, reason: str = "Ready") -> Object:
+    return {
+        "metadata": {"name": "sciworld"},
+        "spec": {"env": "sciworld"},
+        "status": {
+            "url": URL,
+            "conditions": [
+                {"type": "Ready", "status": "True" if ready else "False", "reason": reason}
+            ],
+        },
+    }
+
+
+def job(name: str, *conditions: tuple[str, str], **status: Any) -> Object:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {"suspend": status.pop("suspend", False)},
+        "status": {
+            "conditions": [
+                {"type": t, "status": "True", "reason": r, "message": f"{t} because {r}"}
+                for t, r in conditions
+            ],
+            **status,
+        },
+    }
+
+
+def rayjob(deployment: str, job_status: str = "", **status: Any) -> Object:
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": {"name": "grpo-train"},
+        "spec": {"suspend": False},
+        "status": {"jobDeploymentStatus": deployment, "jobStatus": job_status, **status},
+    }
+
+
+def step(
+    observed: Observed,
+    previous: TrainingRunStatus | None = None,
+    now: datetime.datetime = NOW,
+    **fields: Any,
+) -> Plan:
+    return lifecycle.plan(RUN, spec(**fields), previous or TrainingRunStatus(), observed, now)
+
+
+def condition(plan: Plan, type_: str) -> tuple[str, str]:
+    found = next(c for c in plan.status.conditions if c.type == type_)
+    return found.status.value, found.reason
+
+
+def created(plan: Plan) -> list[tuple[str, str]]:
+    return [(o["kind"], o["metadata"]["name"]) for o in plan.create]
+
+
+def test_missing_pool_waits_and_creates_nothing() -> None:
+    plan = step(Observed(pool=None))
+    assert plan.create == []
+    assert plan.status.phase == Phase.WAITING_FOR_ENV_POOL
+    assert condition(plan, "EnvPoolReady") == ("False", "EnvPoolNotFound")
+    assert condition(plan, "Running") == ("False", "WaitingForEnvPool")
+    assert plan.status.observed_generation == 3
+    assert [e.reason for e in plan.events] == ["EnvPoolNotFound"]
+
+
+def test_pool_not_ready_says_why_and_creates_nothing() -> None:
+    plan = step(Observed(pool=pool(ready=False, reason="ServersNotReady")))
+    assert plan.create == []
+    assert condition(plan, "EnvPoolReady") == ("False", "EnvPoolNotReady")
+    message = next(c.message for c in plan.status.conditions if c.type == "EnvPoolReady")
+    assert "ServersNotReady" in message
+
+
+def test_ready_pool_starts_the_preflight_only() -> None:
+    plan = step(Observed(pool=pool()))
+    assert created(plan) == [("Job", "grpo-preflight")]
+    assert plan.status.phase == Phase.PREFLIGHT
+    assert plan.status.env_pool_url == URL
+    assert condition(plan, "EnvPoolReady") == ("True", "EnvPoolReady")
+    assert condition(plan, "PreflightPassed") == ("Unknown", "PreflightRunning")
+    assert plan.status.preflight is not None
+    assert plan.status.preflight.job_name == "grpo-preflight"
+
+
+def test_running_preflight_creates_nothing_more() -> None:
+    first = step(Observed(pool=pool()))
+    plan = step(Observed(pool=pool(), preflight_job=job("grpo-preflight")), first.status)
+    assert plan.create == []
+    assert plan.status.phase == Phase.PREFLIGHT
+    assert plan.events == []
+
+
+def test_passed_preflight_creates_config_map_and_training_job() -> None:
+    first = step(Observed(pool=pool()))
+    done = job("grpo-preflight", ("Complete", "Completed"))
+    plan = step(
+        Observed(pool=pool(), preflight_job=done, preflight_message=json.dumps(SUMMARY)),
+        first.status,
+    )
+    assert created(plan) == [("ConfigMap", "grpo-agent-loop"), ("Job", "grpo-train")]
+    assert condition(plan, "PreflightPassed") == ("True", "PreflightSucceeded")
+    assert plan.status.preflight is not None
+    assert plan.status.preflight.summary == SUMMARY
+    assert plan.status.preflight.passed is True
+    message = next(c.message for c in plan.status.conditions if c.type == "PreflightPassed")
+    assert json.loads(message) == SUMMARY
+    assert plan.status.phase == Phase.STARTING
+    assert plan.status.training is not None
+    assert (plan.status.training.kind, plan.status.training.name) == ("Job", "grpo-train")
+    assert {e.reason for e in plan.events} == {"PreflightSucceeded", "TrainingCreated"}
+
+
+def test_failed_preflight_fails_the_run_with_its_summary() -> None:
+    first = step(Observed(pool=pool()))
+    failed = job("grpo-preflight", ("Failed", "BackoffLimitExceeded"))
+    summary = {"ok": False, "env_errors": {"500": 3}}
+    plan = step(
+        Observed(pool=pool(), preflight_job=failed, preflight_message=json.dumps(summary)),
+        first.status,
+    )
+    assert plan.create == []
+    assert plan.status.phase == Phase.FAILED
+    assert condition(plan, "Failed") == ("True", "PreflightFailed")
+    assert condition(plan, "PreflightPassed") == ("False", "PreflightFailed")
+    assert '"500": 3' in next(c.message for c in plan.status.conditions if c.type == "Failed")
+    assert plan.status.completion_time == "2026-05-01T12:00:00Z"
+    assert any(e.type == "Warning" and e.reason == "PreflightFailed" for e in plan.events)
+
+
+def test_preflight_crash_output_is_kept_when_it_is_not_json() -> None:
+    first = step(Observed(pool=pool()))
+    failed = job("grpo-preflight", ("Failed", "BackoffLimitExceeded"))
+    crash = "gymkube-preflight: error: cannot read the task table: refused"
+    plan = step(Observed(pool=pool(), preflight_job=failed, preflight_message=crash), first.status)
+    assert plan.status.preflight is not None
+    assert plan.status.preflight.message == crash
+    assert crash in next(c.message for c in plan.status.conditions if c.type == "Failed")
+
+
+def test_disabled_preflight_goes_straight_to_training() -> None:
+    plan = step(Observed(pool=pool()), preflight={"enabled": False})
+    assert created(plan) == [("ConfigMap", "grpo-agent-loop"), ("Job", "grpo-train")]
+    assert condition(plan, "PreflightPassed") == ("True", "PreflightDisabled")
+
+
+def started(**fields: Any) -> TrainingRunStatus:
+    return step(Observed(pool=pool()), preflight={"enabled": False}, **fields).status
+
+
+def test_active_job_is_running_with_its_start_time() -> None:
+    running = job("grpo-train", active=1, startTime="2026-05-01T11:59:00Z")
+    plan = step(Observed(pool=pool(), training=running), started())
+    assert plan.status.phase == Phase.RUNNING
+    assert condition(plan, "Running") == ("True", "TrainingRunning")
+    assert plan.status.start_time == "2026-05-01T11:59:00Z"
+    assert plan.create == []
+
+
+def test_failed_job_fails_the_run_with_the_jobs_reason() -> None:
+    failed = job("grpo-train", ("Failed", "BackoffLimitExceeded"))
+    plan = step(Observed(pool=pool(), training=failed), started())
+    assert plan.status.phase == Phase.FAILED
+    assert condition(plan, "Failed") == ("True", "BackoffLimitExceeded")
+    assert condition(plan, "Running") == ("False", "Failed")
+    assert condition(plan, "Succeeded") == ("False", "Failed")
+    (event,) = plan.events
+    assert (event.type, event.reason) == ("Warning", "BackoffLimitExceeded")
+
+
+def test_complete_job_succeeds() -> None:
+    done = job("grpo-train", ("Complete", "Completed"), completionTime="2026-05-01T11:58:00Z")
+    plan = step(Observed(pool=pool(), training=done), started())
+    assert condition(plan, "Succeeded") == ("True", "TrainingSucceeded")
+    assert plan.status.completion_time == "2026-05-01T11:58:00Z"
+
+
+def test_a_finished_run_is_a_record_that_never_creates_again() -> None:
+    done = step(Observed(pool=pool(), training=job("grpo-train", ("Complete", "C"))), started())
+    again = step(Observed(pool=None), done.status)
+    assert again.create == []
+    assert again.events == []
+    assert again.status.conditions == done.status.conditions
+
+
+def test_ttl_counts_from_completion() -> None:
+    done = step(
+        Observed(pool=pool(), training=job("grpo-train", ("Complete", "C"))),
+        started(),
+        ttlSecondsAfterFinished=60,
+    )
+    assert done.wake_after == 60
+    assert not done.delete_run
+    later = NOW + datetime.timedelta(seconds=61)
+    expired = step(Observed(pool=None), done.status, now=later, ttlSecondsAfterFinished=60)
+    assert expired.delete_run
+
+
+def test_suspend_before_the_child_holds_everything() -> None:
+    plan = step(Observed(pool=pool()), suspend=True)
+    assert plan.create == []
+    assert plan.status.phase == Phase.SUSPENDED
+    assert condition(plan, "Suspended") == ("True", "Suspended")
+
+
+def test_suspend_and_resume_a_running_child() -> None:
+    running = job("grpo-train", active=1)
+    plan = step(Observed(pool=pool(), training=running), started(), suspend=True)
+    assert plan.suspend_child is True
+    suspended = job("grpo-train", ("Suspended", "JobSuspended"), suspend=True)
+    plan = step(Observed(pool=pool(), training=suspended), plan.status, suspend=True)
+    assert plan.suspend_child is None
+    assert condition(plan, "Suspended") == ("True", "Suspended")
+    assert plan.status.phase == Phase.SUSPENDED
+    resumed = step(Observed(pool=pool(), training=suspended), plan.status)
+    assert resumed.suspend_child is False
+
+
+def test_queued_child_waits_for_kueue_and_resume_is_kueues_call() -> None:
+    plan = step(Observed(pool=pool()), preflight={"enabled": False}, queueName="gpu")
+    assert plan.status.phase == Phase.QUEUED
+    child = plan.create[1]
+    assert child["spec"]["suspend"] is True
+    waiting = step(Observed(pool=pool(), training=child), plan.status, queueName="gpu")
+    assert condition(waiting, "Suspended") == ("True", "WaitingForAdmission")
+    assert waiting.suspend_child is None
+
+
+def test_pool_going_away_mid_run_is_reported_but_the_child_keeps_running() -> None:
+    running = job("grpo-train", active=1)
+    before = step(Observed(pool=pool(), training=running), started())
+    plan = step(Observed(pool=pool(ready=False), training=running), before.status)
+    assert plan.status.phase == Phase.RUNNING
+    assert condition(plan, "EnvPoolReady") == ("False", "EnvPoolNotReady")
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", "EnvPoolNotReady")]
+
+
+def test_several_nodes_without_kuberay_fail_creating_nothing() -> None:
+    plan = step(Observed(pool=pool(), rayjob_served=False), nodes=2)
+    assert plan.create == []
+    assert condition(plan, "Failed") == ("True", "RayJobCRDMissing")
+    assert "KubeRay" in next(c.message for c in plan.status.conditions if c.type == "Failed")
+
+
+def test_several_nodes_with_kuberay_create_a_rayjob_and_follow_it() -> None:
+    plan = step(Observed(pool=pool(), rayjob_served=True), nodes=2, preflight={"enabled": False})
+    assert created(plan) == [("ConfigMap", "grpo-agent-loop"), ("RayJob", "grpo-train")]
+    running = step(Observed(pool=pool(), training=rayjob("Running", "RUNNING")), plan.status)
+    assert running.status.phase == Phase.RUNNING
+    failed = step(
+        Observed(pool=pool(), training=rayjob("Failed", "FAILED", reason="DeadlineExceeded")),
+        running.status,
+    )
+    assert condition(failed, "Failed") == ("True", "DeadlineExceeded")
+    ok = step(Observed(pool=pool(), training=rayjob("Complete", "SUCCEEDED")), running.status)
+    assert condition(ok, "Succeeded") == ("True", "TrainingSucceeded")
+
+
+def test_last_transition_time_moves_only_when_status_changes() -> None:
+    first = step(Observed(pool=None))
+    later = NOW + datetime.timedelta(minutes=5)
+    second = step(Observed(pool=None), first.status, now=later)
+    before = {c.type: c.last_transition_time for c in first.status.conditions}
+    after = {c.type: c.last_transition_time for c in second.status.conditions}
+    assert before == after
+    assert second.events == []
+
+
+def test_rejected_child_fails_the_run_with_the_api_servers_words() -> None:
+    plan = step(Observed(pool=pool()), preflight={"enabled": False})
+    rejected = lifecycle.rejected(
+        plan.status, plan.create[1], "422: spec.template.spec.volumes[4].name: Duplicate", 3, NOW
+    )
+    assert condition(rejected, "Failed") == ("True", "ChildRejected")
+    assert rejected.status.training is None
+    assert "Duplicate" in next(c.message for c in rejected.status.conditions if c.type == "Failed")

@@ -1,0 +1,183 @@
+"""The pure builders: a TrainingRun becomes the preflight Job, ConfigMap and Job or RayJob a
+user expects."""
+
+import shlex
+from typing import Any
+
+import pytest
+from gymkube_operator.trainingrun import command, render
+from gymkube_operator.trainingrun.command import RunTarget
+from gymkube_operator.trainingrun.models import TrainingRunSpec
+
+pytestmark = pytest.mark.unit
+
+POOL_URL = "http://sciworld.rl.svc:8000"
+
+
+def target(**fields: Any) -> RunTarget:
+    spec = TrainingRunSpec.model_validate(
+        {
+            "envPoolRef": {"name": "sciworld"},
+            "model": {
+                "path": "/models/Qwen2.5-7B-Instruct",
+                "volume": {"persistentVolumeClaim": {"claimName": "models"}},
+            },
+            **fields,
+        }
+    )
+    return RunTarget(
+        name="grpo",
+        namespace="rl",
+        uid="uid-1",
+        spec=spec,
+        pool_url=POOL_URL,
+        env="sciworld",
+        trainer_image="reg/trainer:1",
+        preflight_image="reg/preflight:1",
+    )
+
+
+def by_name(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {item["name"]: item for item in items}
+
+
+def test_one_node_is_a_batch_job_owned_by_the_run() -> None:
+    job = render.training_child(target(gpusPerNode=4, backoffLimit=2, activeDeadlineSeconds=600))
+    assert (job["apiVersion"], job["kind"]) == ("batch/v1", "Job")
+    meta = job["metadata"]
+    assert (meta["name"], meta["namespace"]) == ("grpo-train", "rl")
+    (ref,) = meta["ownerReferences"]
+    assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (
+        "TrainingRun",
+        "grpo",
+        "uid-1",
+        True,
+    )
+    spec = job["spec"]
+    assert (spec["backoffLimit"], spec["activeDeadlineSeconds"], spec["suspend"]) == (2, 600, False)
+    pod = spec["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    (trainer,) = pod["containers"]
+    assert trainer["command"] == command.verl_command(target(gpusPerNode=4))
+    assert trainer["resources"]["limits"]["nvidia.com/gpu"] == 4
+    assert {"name": "GYMKUBE_ENV_URL", "value": POOL_URL} in trainer["env"]
+
+
+def test_trainer_pod_has_shm_data_config_model_and_checkpoints() -> None:
+    run = target(shmSize="32Gi", checkpoints={"persistentVolumeClaim": {"claimName": "ckpt"}})
+    pod = render.training_job(run)["spec"]["template"]["spec"]
+    volumes = by_name(pod["volumes"])
+    assert volumes["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Gi"}
+    assert volumes["agent-loop"]["configMap"]["name"] == "grpo-agent-loop"
+    assert volumes["checkpoints"]["persistentVolumeClaim"]["claimName"] == "ckpt"
+    assert volumes["model"]["persistentVolumeClaim"]["claimName"] == "models"
+    mounts = by_name(pod["containers"][0]["volumeMounts"])
+    assert mounts["shm"]["mountPath"] == "/dev/shm"
+    assert mounts["model"] == {"name": "model", "mountPath": "/models", "readOnly": True}
+    assert mounts["agent-loop"]["mountPath"] == "/etc/gymkube"
+    assert mounts["checkpoints"]["mountPath"] == "/checkpoints"
+    assert mounts["data"]["mountPath"] == "/data"
+
+
+def test_without_a_checkpoints_volume_the_run_writes_to_an_empty_dir() -> None:
+    pod = render.training_job(target())["spec"]["template"]["spec"]
+    assert by_name(pod["volumes"])["checkpoints"] == {"name": "checkpoints", "emptyDir": {}}
+
+
+def test_dataset_steps_run_before_training_and_write_the_parquet_verl_reads() -> None:
+    pod = render.training_job(target())["spec"]["template"]["spec"]
+    init = pod["initContainers"]
+    assert [c["name"] for c in init] == ["dataset-train", "dataset-val"]
+    outs = [c["command"][c["command"].index("--out") + 1] for c in init]
+    assert outs == [command.TRAIN_FILE, command.VAL_FILE]
+    for container in init:
+        assert container["image"] == "reg/trainer:1"
+        assert container["command"][0] == "gymkube-dataset"
+        assert [m["mountPath"] for m in container["volumeMounts"]] == ["/data"]
+
+
+def test_pod_template_merges_scheduling_and_env_into_the_trainer() -> None:
+    run = target(
+        podTemplate={
+            "nodeSelector": {"gpu": "h100"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+            "containers": [{"name": "trainer", "env": [{"name": "HF_HOME", "value": "/hf"}]}],
+        }
+    )
+    pod = render.training_job(run)["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"gpu": "h100"}
+    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    (trainer,) = pod["containers"]
+    env = by_name(trainer["env"])
+    assert set(env) == {"GYMKUBE_ENV_URL", "HF_HOME"}
+    assert trainer["resources"]["limits"]["nvidia.com/gpu"] == 8
+
+
+def test_cpu_and_memory_resources_sit_beside_the_gpus() -> None:
+    run = target(resources={"requests": {"cpu": "32", "memory": "256Gi"}, "limits": {"cpu": 64}})
+    resources = render.training_job(run)["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert resources == {
+        "requests": {"cpu": "32", "memory": "256Gi"},
+        "limits": {"cpu": 64, "nvidia.com/gpu": 8},
+    }
+
+
+def test_queue_name_labels_the_child_and_creates_it_suspended() -> None:
+    job = render.training_child(target(queueName="gpu-queue"))
+    assert job["metadata"]["labels"][render.QUEUE_LABEL] == "gpu-queue"
+    assert job["spec"]["suspend"] is True
+    rayjob = render.training_child(target(queueName="gpu-queue", nodes=3))
+    assert rayjob["metadata"]["labels"][render.QUEUE_LABEL] == "gpu-queue"
+    assert rayjob["spec"]["suspend"] is True
+
+
+def test_suspended_run_creates_a_suspended_child() -> None:
+    assert render.training_child(target(suspend=True))["spec"]["suspend"] is True
+
+
+def test_several_nodes_are_a_rayjob_with_a_gpu_head_and_workers() -> None:
+    run = target(nodes=4, gpusPerNode=8, backoffLimit=1, activeDeadlineSeconds=3600)
+    rayjob = render.training_child(run)
+    assert (rayjob["apiVersion"], rayjob["kind"]) == ("ray.io/v1", "RayJob")
+    spec = rayjob["spec"]
+    assert shlex.split(spec["entrypoint"]) == command.verl_command(run)
+    assert "trainer.nnodes=4" in spec["entrypoint"]
+    assert spec["shutdownAfterJobFinishes"] is True
+    assert (spec["backoffLimit"], spec["activeDeadlineSeconds"]) == (1, 3600)
+    cluster = spec["rayClusterSpec"]
+    head = cluster["headGroupSpec"]["template"]["spec"]
+    (group,) = cluster["workerGroupSpecs"]
+    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 3
+    worker = group["template"]["spec"]
+    for pod in (head, worker):
+        (container,) = pod["containers"]
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == 8
+        assert "command" not in container  # KubeRay starts Ray itself
+        assert [c["name"] for c in pod["initContainers"]] == ["dataset-train", "dataset-val"]
+        assert by_name(pod["volumes"])["shm"]["emptyDir"]["medium"] == "Memory"
+        assert "restartPolicy" not in pod
+
+
+def test_config_map_holds_the_agent_loop_yaml_and_the_run_settings() -> None:
+    cm = render.config_map(target())
+    assert cm["metadata"]["name"] == "grpo-agent-loop"
+    assert cm["metadata"]["ownerReferences"][0]["name"] == "grpo"
+    assert set(cm["data"]) == {command.AGENT_LOOP_FILE, command.SETTINGS_FILE}
+    assert POOL_URL in cm["data"][command.AGENT_LOOP_FILE]
+
+
+def test_preflight_is_a_cpu_only_restricted_job_reporting_through_its_termination_message() -> None:
+    job = render.preflight_job(target(preflight={"episodes": 3, "activeDeadlineSeconds": 120}))
+    assert job["metadata"]["name"] == "grpo-preflight"
+    assert render.QUEUE_LABEL not in job["metadata"]["labels"]
+    spec = job["spec"]
+    assert (spec["backoffLimit"], spec["activeDeadlineSeconds"]) == (0, 120)
+    pod = spec["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    (container,) = pod["containers"]
+    assert container["image"] == "reg/preflight:1"
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert "nvidia.com/gpu" not in container["resources"].get("limits", {})
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert "--episodes" in container["command"]
+    assert container["command"][container["command"].index("--episodes") + 1] == "3"
