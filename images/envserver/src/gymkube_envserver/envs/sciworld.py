@@ -24,7 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from py4j.protocol import Py4JNetworkError  # type: ignore[import-untyped]
+from py4j.protocol import Py4JError  # type: ignore[import-untyped]
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from scienceworld import ScienceWorldEnv
 from scienceworld.constants import JAR_PATH
@@ -138,8 +138,12 @@ class SciWorldInstance(EnvInstance):
     async def _run(self, call: Any, *args: Any) -> Any:
         try:
             return await self._backend.run_blocking(call, *args)
-        except Py4JNetworkError as exc:
-            raise EnvLostError(f"the ScienceWorld JVM stopped answering ({exc})") from exc
+        except Py4JError as exc:
+            # py4j wraps a dead JVM's broken socket in several error types; the process knows.
+            exit_code = self._env._gateway.java_process.poll()
+            if exit_code is not None:
+                raise EnvLostError(f"its ScienceWorld JVM exited with code {exit_code}") from exc
+            raise
 
     async def reset(self, params: ResetParams) -> ResetOutcome:
         config = parse_config(params.env_config)
