@@ -60,6 +60,20 @@ def _inline_refs(node: Any, defs: dict[str, Any]) -> Any:
     return {k: _inline_refs(v, defs) for k, v in node.items()}
 
 
+def _defaultable(node: dict[str, Any]) -> bool:
+    return node.get("type") == "object" and "properties" in node and not node.get("required")
+
+
+def _default_of(node: dict[str, Any]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for key, child in node["properties"].items():
+        if "default" in child:
+            values[key] = child["default"]
+        elif _defaultable(child):
+            values[key] = _default_of(child)
+    return values
+
+
 def _structural(node: Any, *, defaults: bool) -> Any:
     """Turn pydantic's JSON schema into a Kubernetes structural schema."""
     if isinstance(node, list):
@@ -83,15 +97,10 @@ def _structural(node: Any, *, defaults: bool) -> Any:
         properties = {}
         for key, child in node["properties"].items():
             child = _structural(child, defaults=defaults)
-            # A nested object whose fields all have defaults defaults to {} so they get filled in.
-            if (
-                defaults
-                and child.get("type") == "object"
-                and "properties" in child
-                and not child.get("required")
-                and "default" not in child
-            ):
-                child["default"] = {}
+            # A nested object whose fields all have defaults defaults to those values, so an
+            # omitted object is filled in (and validation rules on it see every field).
+            if defaults and _defaultable(child) and "default" not in child:
+                child["default"] = _default_of(child)
             properties[key] = child
         out["properties"] = properties
     return out
