@@ -382,6 +382,7 @@ def _start(bin_dir: Path, workdir: Path, processes: list[_Process]) -> ControlPl
     )
     admin = client_ca.issue("gymkube-test-admin", organizations=["system:masters"])
     controller_manager = client_ca.issue("system:kube-controller-manager")
+    service_account_key = ec.generate_private_key(_CURVE)
     files = {
         "server-ca.crt": server_ca.credentials.cert_pem,
         "client-ca.crt": client_ca.credentials.cert_pem,
@@ -390,7 +391,10 @@ def _start(bin_dir: Path, workdir: Path, processes: list[_Process]) -> ControlPl
         "apiserver.key": serving.key_pem,
         "admin.crt": admin.cert_pem,
         "admin.key": admin.key_pem,
-        "service-account.key": _key_pem(ec.generate_private_key(_CURVE)),
+        "service-account.key": _key_pem(service_account_key),
+        "service-account.pub": service_account_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        ),
     }
     paths = {name: _write_private(pki / name, data) for name, data in files.items()}
     server_ca_pem = server_ca.credentials.cert_pem
@@ -440,7 +444,7 @@ def _start(bin_dir: Path, workdir: Path, processes: list[_Process]) -> ControlPl
         f"--client-ca-file={paths['client-ca.crt']}",
         "--authorization-mode=RBAC",
         f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
-        f"--service-account-key-file={paths['service-account.key']}",
+        f"--service-account-key-file={paths['service-account.pub']}",
         f"--service-account-signing-key-file={paths['service-account.key']}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         "--allow-privileged=true",

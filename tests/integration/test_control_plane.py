@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -101,7 +102,7 @@ def test_rbac_forbids_a_user_until_bound(kube: ControlPlane, namespace: str) -> 
             core.list_namespaced_config_map(namespace)
         # 403, not 401: the certificate authenticated alice and RBAC refused her.
         assert forbidden.value.status == 403
-        assert 'User "alice"' in forbidden.value.body
+        assert 'User "alice"' in json.loads(forbidden.value.body)["message"]
 
         kube.kubectl(
             "create",
