@@ -183,7 +183,7 @@ def started(**fields: Any) -> TrainingRunStatus:
 
 
 def test_active_job_is_running_with_its_start_time() -> None:
-    running = job("grpo-train", active=1, startTime="2026-05-01T11:59:00Z")
+    running = job("grpo-train", active=1, ready=1, startTime="2026-05-01T11:59:00Z")
     plan = step(Observed(pool=pool(), training=running), started())
     assert plan.status.phase == Phase.RUNNING
     assert condition(plan, "Running") == ("True", "TrainingRunning")
@@ -238,7 +238,7 @@ def test_suspend_before_the_child_holds_everything() -> None:
 
 
 def test_suspend_and_resume_a_running_child() -> None:
-    running = job("grpo-train", active=1)
+    running = job("grpo-train", active=1, ready=1)
     plan = step(Observed(pool=pool(), training=running), started(), suspend=True)
     assert plan.suspend_child is True
     suspended = job("grpo-train", ("Suspended", "JobSuspended"), suspend=True)
@@ -261,7 +261,7 @@ def test_queued_child_waits_for_kueue_and_resume_is_kueues_call() -> None:
 
 
 def test_pool_going_away_mid_run_is_reported_but_the_child_keeps_running() -> None:
-    running = job("grpo-train", active=1)
+    running = job("grpo-train", active=1, ready=1)
     before = step(Observed(pool=pool(), training=running), started())
     plan = step(Observed(pool=pool(ready=False), training=running), before.status)
     assert plan.status.phase == Phase.RUNNING

@@ -180,7 +180,8 @@ def _job_outcome(job: Object, spec: TrainingRunSpec) -> _Outcome:
         )
     if render.child_suspended(job) or _true(job, "Suspended") is not None:
         return _suspended(spec, f"Job {name}")
-    if status.get("active", 0) > 0:
+    # `active` counts pending pods too; a trainer is running once its pod is ready.
+    if status.get("ready", 0) > 0:
         return _Outcome(Phase.RUNNING, "TrainingRunning", f"Job {name} is running", start)
     return _Outcome(Phase.STARTING, "TrainingStarting", f"Job {name} is starting its pod")
 
