@@ -12,13 +12,23 @@ import pytest
 from controlplane import ControlPlane, running_control_plane
 
 SERVICE_ACCOUNT_TIMEOUT_S = 60.0
+_startup_seconds = pytest.StashKey[float]()
 
 
 @pytest.fixture(scope="session")
-def kube() -> Iterator[ControlPlane]:
+def kube(pytestconfig: pytest.Config) -> Iterator[ControlPlane]:
     """etcd + kube-apiserver + kube-controller-manager, started once for the whole session."""
     with running_control_plane() as control_plane:
+        pytestconfig.stash[_startup_seconds] = control_plane.startup_seconds
         yield control_plane
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
+    if _startup_seconds in config.stash:
+        seconds = config.stash[_startup_seconds]
+        terminalreporter.write_line(f"integration control plane started in {seconds:.1f}s")
 
 
 @pytest.fixture
