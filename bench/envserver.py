@@ -1,0 +1,364 @@
+"""Env-server benchmarks, measured side by side in one run; prints JSON.
+
+    .venv/bin/python bench/envserver.py [--quick] [--jvm-flags]
+
+- create_reset: ScienceWorld /create + /reset p50 from a warm pool versus cold (``--warm 0``: a new
+  JVM per /create, as AgentGym's server does), cold also with JVM default flags (AgentGym's setup).
+  Target: warm at least 20x faster than cold.
+- sciworld_step: one ScienceWorld step over HTTP versus ``env.step`` in-process, the two
+  interleaved on identical action sequences. Target: at most 1.2x (at most 5 ms added at p50).
+- frozen_lake: steps/s with 64 concurrent sessions on one server process (client in another
+  process, keep-alive connections). Target: at least 2,000 steps/s.
+- jvm_flags (``--jvm-flags``): JVM start, task load and step times and RSS per candidate flag set,
+  the measurement behind the server's default ``--jvm-options``.
+
+Every server is a real ``gymkube-envserver`` process on 127.0.0.1; all are stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import httpx
+from gymkube_envserver.settings import DEFAULT_JVM_OPTIONS
+
+CLI = str(Path(sys.executable).with_name("gymkube-envserver"))
+RESET_INDICES = [0, 500, 1200, 2100, 3000, 3800, 4400, 250, 1700, 2600, 3300, 4000]
+STEP_ACTIONS = ["look around", "inventory", "look at agent", "wait1", "task", "look around"]
+FROZEN_MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
+JVM_CANDIDATES = {
+    "jvm_defaults": "",
+    "serial_gc": "-XX:+UseSerialGC",
+    "serial_gc_c1": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1",
+    "gymkube_default": DEFAULT_JVM_OPTIONS,
+}
+
+
+def p50(values: list[float]) -> float:
+    return round(statistics.median(values), 2)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def envserver(*args: str, jvm_options: str | None = None) -> Iterator[str]:
+    """A gymkube-envserver process; yields its URL once /readyz answers 200."""
+    port = free_port()
+    env = dict(os.environ)
+    env.pop("JAVA_TOOL_OPTIONS", None)
+    if jvm_options is not None:
+        env["GYMKUBE_JVM_OPTIONS"] = jvm_options
+    command = [CLI, "--host", "127.0.0.1", "--port", str(port), "--canary-interval", "0", *args]
+    server = subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if server.poll() is not None:
+                raise RuntimeError(f"{' '.join(command)} exited with {server.returncode}")
+            try:
+                if httpx.get(f"{url}/readyz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url} not ready")
+            time.sleep(0.1)
+        yield url
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def wait_warm(client: httpx.Client, target: int) -> None:
+    """Wait until the warm pool is full and no closed JVM is still exiting."""
+    deadline = time.monotonic() + 300
+    while client.get("/status").json()["warm"] < target:
+        if time.monotonic() > deadline:
+            raise TimeoutError("warm pool did not refill")
+        time.sleep(0.05)
+    time.sleep(0.3)
+
+
+def create_reset_ms(client: httpx.Client, data_idx: int) -> float:
+    began = time.perf_counter()
+    session = client.post("/create").raise_for_status().json()["id"]
+    client.post("/reset", json={"id": session, "data_idx": data_idx}).raise_for_status()
+    elapsed = (time.perf_counter() - began) * 1000
+    client.post("/close", json={"id": session})
+    return elapsed
+
+
+def bench_create_reset(samples: int) -> dict[str, Any]:
+    indices = RESET_INDICES[:samples]
+    results: dict[str, list[float]] = {"warm": [], "cold": [], "cold_jvm_defaults": []}
+    servers = {
+        "warm": (("--env", "sciworld", "--warm", "1", "--max-sessions", "2"), None),
+        "cold": (("--env", "sciworld", "--warm", "0", "--max-sessions", "2"), None),
+        "cold_jvm_defaults": (("--env", "sciworld", "--warm", "0", "--max-sessions", "2"), ""),
+    }
+    with (
+        envserver(*servers["warm"][0]) as warm_url,
+        envserver(*servers["cold"][0]) as cold_url,
+        envserver(*servers["cold_jvm_defaults"][0], jvm_options="") as default_url,
+    ):
+        urls = {"warm": warm_url, "cold": cold_url, "cold_jvm_defaults": default_url}
+        clients = {name: httpx.Client(base_url=url, timeout=300) for name, url in urls.items()}
+        for data_idx in indices:
+            # Round-robin so all three see the same box load.
+            for name, client in clients.items():
+                wait_warm(client, 1 if name == "warm" else 0)
+                results[name].append(create_reset_ms(client, data_idx))
+        for client in clients.values():
+            client.close()
+    warm, cold, default = (p50(results[name]) for name in ("warm", "cold", "cold_jvm_defaults"))
+    return {
+        "samples": len(indices),
+        "warm_p50_ms": warm,
+        "cold_p50_ms": cold,
+        "cold_jvm_defaults_p50_ms": default,
+        "speedup_vs_cold": round(cold / warm, 1),
+        "speedup_vs_cold_jvm_defaults": round(default / warm, 1),
+        "target_speedup": 20,
+        "raw_ms": {name: [round(value) for value in values] for name, values in results.items()},
+    }
+
+
+def bench_sciworld_step(steps: int) -> dict[str, Any]:
+    os.environ["JAVA_TOOL_OPTIONS"] = DEFAULT_JVM_OPTIONS  # same JVM flags as the server's
+    from scienceworld import ScienceWorldEnv
+
+    data_idx = 1200
+    with envserver("--env", "sciworld", "--warm", "1", "--max-sessions", "2") as url:
+        client = httpx.Client(base_url=url, timeout=300)
+        table = client.get("/tasks").json()
+        task = next(
+            t for t in table["tasks"] if t["first_idx"] <= data_idx < t["first_idx"] + t["count"]
+        )
+        session = client.post("/create").json()["id"]
+        client.post("/reset", json={"id": session, "data_idx": data_idx}).raise_for_status()
+        env = ScienceWorldEnv()
+        env.load(task["name"], data_idx - task["first_idx"])
+        env.step("look around")
+        http_ms: list[float] = []
+        local_ms: list[float] = []
+        for count in range(steps):
+            action = STEP_ACTIONS[count % len(STEP_ACTIONS)]
+            began = time.perf_counter()
+            env.step(action)
+            local_ms.append((time.perf_counter() - began) * 1000)
+            began = time.perf_counter()
+            client.post("/step", json={"id": session, "action": action}).raise_for_status()
+            http_ms.append((time.perf_counter() - began) * 1000)
+        env.close()
+        client.close()
+    http, local = p50(http_ms), p50(local_ms)
+    return {
+        "steps": steps,
+        "http_p50_ms": http,
+        "in_process_p50_ms": local,
+        "ratio_p50": round(http / local, 3),
+        "added_ms_p50": round(http - local, 2),
+        "target_ratio": 1.2,
+        "target_added_ms": 5,
+    }
+
+
+def safe_neighbour(observation: str) -> tuple[str, str]:
+    """Two moves that step off the start onto ice and back (never a hole, never the goal)."""
+    grid = [
+        line.split(" ")
+        for line in observation.splitlines()
+        if line and all(cell in {"S", "F", "H", "G", "P"} for cell in line.split(" "))
+    ]
+    size = len(grid)
+    row, col = next((r, c) for r in range(size) for c in range(size) if grid[r][c] == "P")
+    back = {"up": "down", "down": "up", "left": "right", "right": "left"}
+    for move, (d_row, d_col) in FROZEN_MOVES.items():
+        r, c = row + d_row, col + d_col
+        if 0 <= r < size and 0 <= c < size and grid[r][c] == "F":
+            return move, back[move]
+    # Start is boxed in by the edge: bumping into it is a safe no-op move.
+    edge = next(
+        move
+        for move, (d_row, d_col) in FROZEN_MOVES.items()
+        if not (0 <= row + d_row < size and 0 <= col + d_col < size)
+    )
+    return edge, edge
+
+
+async def frozen_lake_client(url: str, sessions: int, duration_s: float) -> dict[str, Any]:
+    connector = aiohttp.TCPConnector(limit=sessions)
+    steps = 0
+    errors = 0
+    counting = False
+
+    async with aiohttp.ClientSession(url, connector=connector) as http:
+
+        async def new_episode(seed: int) -> tuple[str, tuple[str, str]]:
+            async with http.post("/create", json={"env_config": {"max_steps": 1000}}) as r:
+                session = (await r.json())["id"]
+            async with http.post("/reset", json={"id": session, "seed": seed}) as r:
+                first = await r.json()
+            return session, safe_neighbour(first["observation"])
+
+        async def run(worker: int, stop_at: float) -> None:
+            nonlocal steps, errors
+            session, moves = await new_episode(worker)
+            turn = 0
+            while time.perf_counter() < stop_at:
+                action = f"<action>{moves[turn % 2]}</action>"
+                turn += 1
+                async with http.post("/step", json={"id": session, "action": action}) as r:
+                    body = await r.json()
+                    if r.status != 200:
+                        errors += 1
+                        continue
+                if counting:
+                    steps += 1
+                if body["done"]:
+                    await http.post("/close", json={"id": session})
+                    session, moves = await new_episode(worker + turn)
+                    turn = 0
+
+        warmup_s = 1.0
+        began = time.perf_counter()
+        stop_at = began + warmup_s + duration_s
+        tasks = [asyncio.create_task(run(worker, stop_at)) for worker in range(sessions)]
+        await asyncio.sleep(warmup_s)
+        counting = True
+        counted_from = time.perf_counter()
+        await asyncio.gather(*tasks)
+        elapsed = time.perf_counter() - counted_from
+    return {"steps": steps, "seconds": round(elapsed, 2), "errors": errors}
+
+
+def bench_frozen_lake(sessions: int, duration_s: float) -> dict[str, Any]:
+    with envserver(
+        "--env",
+        "frozen_lake",
+        "--warm",
+        "0",
+        "--max-sessions",
+        str(sessions * 2),
+        "--log-level",
+        "warning",
+    ) as url:
+        result = asyncio.run(frozen_lake_client(url, sessions, duration_s))
+    return {
+        "sessions": sessions,
+        "steps_per_s": round(result["steps"] / result["seconds"]),
+        **result,
+        "target_steps_per_s": 2000,
+    }
+
+
+def probe_jvm() -> dict[str, float]:
+    """One JVM under this process's JAVA_TOOL_OPTIONS: start, resets, steps, RSS."""
+    from scienceworld import ScienceWorldEnv
+
+    began = time.perf_counter()
+    env = ScienceWorldEnv()
+    start_ms = (time.perf_counter() - began) * 1000
+    resets = []
+    for task, variation in [("boil", 0), ("chemistry-mix", 3), ("find-animal", 5), ("melt", 7)]:
+        began = time.perf_counter()
+        env.load(task, variation)
+        env.get_task_description()
+        env.step("look around")
+        resets.append((time.perf_counter() - began) * 1000)
+    steps = []
+    for action in STEP_ACTIONS * 5:
+        began = time.perf_counter()
+        env.step(action)
+        steps.append((time.perf_counter() - began) * 1000)
+    status = Path(f"/proc/{env._gateway.java_process.pid}/status").read_text()
+    rss_kb = int(status.split("VmRSS:")[1].split()[0])
+    env.close()
+    return {
+        "start_ms": start_ms,
+        "first_reset_ms": resets[0],
+        "later_reset_ms": statistics.median(resets[1:]),
+        "step_ms": statistics.median(steps),
+        "jvm_rss_mb": rss_kb / 1024,
+    }
+
+
+def bench_jvm_flags(rounds: int) -> dict[str, Any]:
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in JVM_CANDIDATES}
+    for _ in range(rounds):
+        for name, options in JVM_CANDIDATES.items():
+            env = dict(os.environ)
+            env.pop("JAVA_TOOL_OPTIONS", None)
+            if options:
+                env["JAVA_TOOL_OPTIONS"] = options
+            done = subprocess.run(
+                [sys.executable, __file__, "--probe-jvm"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=True,
+            )
+            runs[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return {
+        name: {"options": JVM_CANDIDATES[name]}
+        | {key: p50([run[key] for run in values]) for key in values[0]}
+        for name, values in runs.items()
+    }
+
+
+def load_average() -> list[float]:
+    return [round(value, 2) for value in os.getloadavg()]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
+    parser.add_argument("--jvm-flags", action="store_true", help="also compare JVM flag sets")
+    parser.add_argument("--probe-jvm", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.probe_jvm:
+        print(json.dumps(probe_jvm()))
+        return
+    report: dict[str, Any] = {
+        "box": {
+            "cpus": os.cpu_count(),
+            "load_average_at_start": load_average(),
+            "note": "shared box: other builds and tests may run at the same time",
+        }
+    }
+    report["create_reset"] = bench_create_reset(4 if args.quick else 10)
+    report["sciworld_step"] = bench_sciworld_step(12 if args.quick else 60)
+    report["frozen_lake"] = bench_frozen_lake(64, 3.0 if args.quick else 10.0)
+    if args.jvm_flags:
+        report["jvm_flags"] = bench_jvm_flags(1 if args.quick else 3)
+    report["box"]["load_average_at_end"] = load_average()
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
