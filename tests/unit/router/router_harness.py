@@ -33,6 +33,8 @@ class Proc:
     name: str
     args: list[str]
     port: int = field(default_factory=free_port)
+    # What follows the interpreter: a module to run with -m, or a script path.
+    launcher: list[str] = field(default_factory=lambda: ["-m"])
     popen: subprocess.Popen[bytes] | None = None
     log: IO[bytes] | None = None
 
@@ -47,11 +49,14 @@ class Proc:
     def start(self) -> Proc:
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", *self.args, "--host", "127.0.0.1", "--port", str(self.port)],
+            [sys.executable, *self.launcher, *self.args, *self._listen_flags()],
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
         return self
+
+    def _listen_flags(self) -> list[str]:
+        return ["--host", "127.0.0.1", "--port", str(self.port)]
 
     def output(self) -> str:
         if self.log is None:
@@ -90,14 +95,14 @@ class Procs:
     def __init__(self) -> None:
         self._started: list[Proc] = []
 
-    def env_server(self, max_sessions: int, warm: int = 1) -> Proc:
-        return self._start(
+    def env_server(self, max_sessions: int, warm: int = 1, env: str = "frozen_lake") -> Proc:
+        return self.start(
             Proc(
-                f"env server (max {max_sessions})",
+                f"{env} env server (max {max_sessions})",
                 [
                     "gymkube_envserver.server",
                     "--env",
-                    "frozen_lake",
+                    env,
                     "--max-sessions",
                     str(max_sessions),
                     "--warm",
@@ -115,7 +120,7 @@ class Procs:
         proc = Proc("router", ["gymkube_envserver.router", *polling, *args])
         if port is not None:
             proc.port = port
-        return self._start(proc)
+        return self.start(proc)
 
     def router_for(
         self, backends: list[Proc], *args: str, port: int | None = None, fast_polling: bool = True
@@ -123,7 +128,7 @@ class Procs:
         addresses = ",".join(b.address for b in backends)
         return self.router("--backends", addresses, *args, port=port, fast_polling=fast_polling)
 
-    def _start(self, proc: Proc) -> Proc:
+    def start(self, proc: Proc) -> Proc:
         self._started.append(proc.start())
         return proc
 

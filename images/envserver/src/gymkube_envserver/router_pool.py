@@ -47,11 +47,14 @@ def address_token(address: str) -> str:
 
 
 def token_address(token: str) -> str | None:
+    """The ``host:port`` a token names, or None when it is not a token at all."""
     try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-        return raw.decode()
+        raw = base64.b64decode(token + "=" * (-len(token) % 4), altchars=b"-_", validate=True)
+        address = raw.decode()
     except (binascii.Error, UnicodeDecodeError, ValueError):
         return None
+    host, sep, port = address.rpartition(":")
+    return address if sep and host and port.isdigit() else None
 
 
 @dataclass(eq=False)
@@ -168,7 +171,7 @@ class Pool:
 
     async def _unknown_token(self, token: str, session_id: str) -> Backend:
         address = token_address(token)
-        if address is None or ":" not in address:
+        if address is None:
             raise RoutingError(ErrorCode.SESSION_NOT_FOUND, f"unknown session {session_id!r}")
         if self._settings.backends_dns:
             # Another replica may have seen this backend in DNS before we did.

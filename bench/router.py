@@ -1,0 +1,412 @@
+"""Session router: its own CPU per routed request, the latency it adds, and SciWorld throughput.
+
+Starts real `gymkube-envserver` processes, `gymkube-router` and, for comparison, a plain aiohttp
+pass-through proxy, then drives them from this process with a lean keep-alive HTTP client
+(raw asyncio protocol on uvloop, one connection per session) so the load generator does not
+starve the router of CPU. Every comparison is measured side by side in one run, in alternating
+windows, on the same sessions: sessions are created through the router and the direct phases
+talk to the env server that holds them with its own id. Prints one JSON document.
+
+- cpu: router CPU seconds per routed request (utime+stime from /proc/<pid>/stat over the
+  window / requests answered), FrozenLake backend at saturation (no think time); the same for
+  the plain proxy. Target: router <= 150 us.
+- latency: 64 sessions stepping with 50 ms think time; per-step latency through the router minus
+  direct. Targets: p50 <= 1 ms, p99 <= 3 ms.
+- sciworld: steps/s through the router / direct on ScienceWorld backends (env-bound). Target
+  ratio >= 0.95.
+
+    .venv/bin/python -P bench/router.py [--window 5] [--rounds 2] [--no-sciworld]
+
+(-P keeps bench/ itself off sys.path, where bench/operator.py would shadow the stdlib module.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import uvloop
+
+SCRIPT = str(Path(__file__).resolve())
+REPO_ROOT = Path(SCRIPT).parents[1]
+sys.path.insert(0, str(REPO_ROOT / "tests" / "unit" / "router"))
+
+from router_harness import Proc, Procs, wait_all  # noqa: E402
+
+TARGET_CPU_US = 150.0
+TARGET_ADDED_P50_MS = 1.0
+TARGET_ADDED_P99_MS = 3.0
+TARGET_SCIWORLD_RATIO = 0.95
+FROZEN_LAKE_MOVES = [f"<action>{m}</action>" for m in ("right", "down", "left", "down", "up")]
+
+
+# -- the plain pass-through proxy we compare against ------------------------------------------
+
+
+def naive_proxy(argv: list[str]) -> None:
+    """A first aiohttp proxy: forward method, path, query and body to one backend."""
+    import aiohttp
+    from aiohttp import web
+
+    parser = argparse.ArgumentParser(prog="naive-proxy")
+    parser.add_argument("--backend", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args(argv)
+    base = f"http://{args.backend}"
+
+    async def forward(request: web.Request) -> web.Response:
+        body = await request.read()
+        session: aiohttp.ClientSession = request.app["http"]
+        async with session.request(
+            request.method,
+            base + request.path_qs,
+            data=body,
+            headers={"Content-Type": "application/json"},
+        ) as response:
+            return web.Response(
+                body=await response.read(),
+                status=response.status,
+                content_type="application/json",
+            )
+
+    async def client_session(app: web.Application) -> Any:
+        app["http"] = aiohttp.ClientSession()
+        yield
+        await app["http"].close()
+
+    async def readyz(request: web.Request) -> web.Response:
+        return web.json_response({"ready": True})
+
+    app = web.Application()
+    app.router.add_get("/readyz", readyz)
+    app.router.add_route("*", "/{path:.*}", forward)
+    app.cleanup_ctx.append(client_session)
+    web.run_app(
+        app,
+        host=args.host,
+        port=args.port,
+        print=None,
+        access_log=None,
+        loop=uvloop.new_event_loop(),
+    )
+
+
+# -- a lean keep-alive HTTP/1.1 client ---------------------------------------------------------
+
+
+class Connection(asyncio.Protocol):
+    """One keep-alive connection, one request at a time; responses need Content-Length."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._waiter: asyncio.Future[tuple[int, bytes]] | None = None
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports do not subclass asyncio.Transport, but have its methods.
+        self._transport = cast(asyncio.Transport, transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_exception(ConnectionError("connection closed"))
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        end = self._buffer.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        head = bytes(self._buffer[:end]).lower()
+        at = head.find(b"content-length:")
+        length = int(head[at + 15 : head.find(b"\r\n", at) if b"\r\n" in head[at:] else None])
+        if len(self._buffer) < end + 4 + length:
+            return
+        body = bytes(self._buffer[end + 4 : end + 4 + length])
+        del self._buffer[: end + 4 + length]
+        assert self._waiter is not None
+        self._waiter.set_result((int(head[9:12]), body))
+
+    async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+        assert self._transport is not None
+        self._waiter = asyncio.get_running_loop().create_future()
+        self._transport.write(
+            f"{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        return await self._waiter
+
+    async def json(self, method: str, path: str, payload: Any = None) -> Any:
+        status, body = await self.request(method, path, json.dumps(payload).encode())
+        if status != 200:
+            raise RuntimeError(f"{method} {path} answered {status}: {body[:300]!r}")
+        return json.loads(body)
+
+
+async def connect(address: str) -> Connection:
+    host, _, port = address.rpartition(":")
+    _, connection = await asyncio.get_running_loop().create_connection(Connection, host, int(port))
+    return connection
+
+
+# -- sessions and load -------------------------------------------------------------------------
+
+
+@dataclass
+class Session:
+    """A session created through the router, reachable through the router or directly."""
+
+    routed_id: str
+    backend_address: str
+    backend_id: str
+    data_idx: int
+    steps: int = 0
+
+
+@dataclass
+class Window:
+    requests: int = 0
+    steps: int = 0
+    step_latencies: list[float] = field(default_factory=list)
+    cpu_seconds: float = 0.0
+
+
+class Load:
+    def __init__(self, sessions: list[Session], actions: list[str], think: float) -> None:
+        self.sessions = sessions
+        self.actions = actions
+        self.think = think
+        self.window: Window | None = None
+
+    async def run(
+        self, target: Proc | None, seconds: float, routed: bool, warmup: float = 1.0
+    ) -> Window:
+        """Drive every session through ``target`` (a proxy), or directly when None.
+
+        ``routed``: the target takes router session ids; otherwise the backend's own ids.
+        """
+        stop = asyncio.Event()
+        address = target.address if target is not None else None
+        tasks = [asyncio.create_task(self._drive(s, address, routed, stop)) for s in self.sessions]
+        pid = target.popen.pid if target is not None and target.popen is not None else None
+        await asyncio.sleep(warmup)
+        self.window = window = Window()
+        cpu_before = cpu_seconds(pid) if pid else 0.0
+        await asyncio.sleep(seconds)
+        window.cpu_seconds = cpu_seconds(pid) - cpu_before if pid else 0.0
+        self.window = None
+        stop.set()
+        await asyncio.gather(*tasks)
+        return window
+
+    async def _drive(
+        self, session: Session, target: str | None, routed: bool, stop: asyncio.Event
+    ) -> None:
+        connection = await connect(target or session.backend_address)
+        session_id = session.routed_id if routed else session.backend_id
+        step_bodies = [
+            json.dumps({"id": session_id, "action": action}).encode() for action in self.actions
+        ]
+        reset_body = json.dumps({"id": session_id, "data_idx": session.data_idx}).encode()
+        try:
+            while not stop.is_set():
+                body = step_bodies[session.steps % len(step_bodies)]
+                started = time.perf_counter()
+                status, reply = await connection.request("POST", "/step", body)
+                took = time.perf_counter() - started
+                session.steps += 1
+                if status == 409:  # the episode ended on a step we did not see done
+                    status, reply = await connection.request("POST", "/reset", reset_body)
+                    self._count(None)
+                    continue
+                if status != 200:
+                    raise RuntimeError(f"step answered {status}: {reply[:300]!r}")
+                self._count(took)
+                if b'"done":true' in reply:
+                    status, reply = await connection.request("POST", "/reset", reset_body)
+                    self._count(None)
+                if self.think:
+                    await asyncio.sleep(self.think)
+        finally:
+            assert connection._transport is not None
+            connection._transport.close()
+
+    def _count(self, step_latency: float | None) -> None:
+        window = self.window
+        if window is None:
+            return
+        window.requests += 1
+        if step_latency is not None:
+            window.steps += 1
+            window.step_latencies.append(step_latency)
+
+
+async def open_sessions(router: Proc, count: int) -> list[Session]:
+    from gymkube_envserver.router_pool import token_address
+
+    connection = await connect(router.address)
+    sessions = []
+    for index in range(count):
+        routed_id = (await connection.json("POST", "/create", {}))["id"]
+        token, _, backend_id = routed_id.partition(".")
+        address = token_address(token)
+        assert address is not None
+        await connection.json("POST", "/reset", {"id": routed_id, "data_idx": index})
+        sessions.append(Session(routed_id, address, backend_id, index))
+    return sessions
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measured(
+    load: Load, target: Proc | None, seconds: float, routed: bool = False
+) -> dict[str, Any]:
+    window = await load.run(target, seconds, routed)
+    return {
+        "requests": window.requests,
+        "steps_per_s": window.steps / seconds,
+        "step_latencies": window.step_latencies,
+        "cpu_us_per_request": window.cpu_seconds / max(window.requests, 1) * 1e6,
+    }
+
+
+def percentile(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=1000, method="inclusive")[int(q * 10) - 1]
+
+
+# -- the three measurements --------------------------------------------------------------------
+
+
+async def bench_cpu(procs: Procs, window: float, rounds: int) -> dict[str, Any]:
+    backend = procs.env_server(max_sessions=64, warm=4)
+    router = procs.router_for([backend], fast_polling=False)
+    naive = procs.start(
+        Proc(
+            "plain aiohttp proxy",
+            [SCRIPT, "naive-proxy", "--backend", backend.address],
+            launcher=["-P"],
+        )
+    )
+    wait_all(backend, router, naive)
+    load = Load(await open_sessions(router, 32), FROZEN_LAKE_MOVES, think=0.0)
+    runs: dict[str, list[dict[str, Any]]] = {"router": [], "plain_aiohttp_proxy": []}
+    for _ in range(rounds):
+        runs["router"].append(await measured(load, router, window, routed=True))
+        runs["plain_aiohttp_proxy"].append(await measured(load, naive, window))
+    summary = {
+        name: {
+            "cpu_us_per_request": statistics.mean(r["cpu_us_per_request"] for r in results),
+            "requests_per_s": statistics.mean(r["requests"] for r in results) / window,
+        }
+        for name, results in runs.items()
+    }
+    router_us = summary["router"]["cpu_us_per_request"]
+    return {
+        "setup": "1 FrozenLake server, 32 sessions stepping without think time",
+        **summary,
+        "router_vs_plain_proxy": router_us / summary["plain_aiohttp_proxy"]["cpu_us_per_request"],
+        "target_us": TARGET_CPU_US,
+        "meets_target": router_us <= TARGET_CPU_US,
+    }
+
+
+async def bench_latency(procs: Procs, window: float, rounds: int) -> dict[str, Any]:
+    backends = [procs.env_server(max_sessions=40, warm=4) for _ in range(2)]
+    router = procs.router_for(backends, fast_polling=False)
+    wait_all(*backends, router)
+    load = Load(await open_sessions(router, 64), FROZEN_LAKE_MOVES, think=0.05)
+    direct: list[float] = []
+    routed: list[float] = []
+    for _ in range(rounds):
+        direct += (await measured(load, None, window))["step_latencies"]
+        routed += (await measured(load, router, window, routed=True))["step_latencies"]
+    result: dict[str, Any] = {
+        "setup": "2 FrozenLake servers, 64 sessions, 50 ms think time",
+        "samples": {"direct": len(direct), "router": len(routed)},
+    }
+    for name, q in (("p50", 50), ("p99", 99)):
+        direct_ms, routed_ms = percentile(direct, q) * 1e3, percentile(routed, q) * 1e3
+        result[name] = {
+            "direct_ms": direct_ms,
+            "router_ms": routed_ms,
+            "added_ms": routed_ms - direct_ms,
+        }
+    result["targets_ms"] = {"p50": TARGET_ADDED_P50_MS, "p99": TARGET_ADDED_P99_MS}
+    result["meets_target"] = (
+        result["p50"]["added_ms"] <= TARGET_ADDED_P50_MS
+        and result["p99"]["added_ms"] <= TARGET_ADDED_P99_MS
+    )
+    return result
+
+
+async def bench_sciworld(procs: Procs, window: float, rounds: int) -> dict[str, Any]:
+    per_backend = 3
+    backends = [
+        procs.env_server(max_sessions=per_backend, warm=per_backend, env="sciworld")
+        for _ in range(2)
+    ]
+    router = procs.router_for(backends, fast_polling=False)
+    wait_all(*backends, router)
+    load = Load(
+        await open_sessions(router, 2 * per_backend), ["look around", "inventory"], think=0.0
+    )
+    direct: list[float] = []
+    routed: list[float] = []
+    for _ in range(rounds):
+        direct.append((await measured(load, None, window))["steps_per_s"])
+        routed.append((await measured(load, router, window, routed=True))["steps_per_s"])
+    ratio = statistics.mean(routed) / statistics.mean(direct)
+    return {
+        "setup": f"2 ScienceWorld servers, {2 * per_backend} sessions without think time",
+        "direct_steps_per_s": direct,
+        "router_steps_per_s": routed,
+        "ratio": ratio,
+        "target_ratio": TARGET_SCIWORLD_RATIO,
+        "meets_target": ratio >= TARGET_SCIWORLD_RATIO,
+    }
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    result: dict[str, Any] = {
+        "machine": {"cpus": os.cpu_count(), "load_avg_1m_at_start": os.getloadavg()[0]},
+        "window_s": args.window,
+        "rounds": args.rounds,
+    }
+    benches = [("cpu", bench_cpu), ("latency", bench_latency)]
+    if args.sciworld:
+        benches.append(("sciworld", bench_sciworld))
+    for name, run in benches:
+        procs = Procs()
+        try:
+            window = args.window * (3 if name == "sciworld" else 1)
+            result[name] = await run(procs, window, args.rounds)
+        finally:
+            procs.stop_all()
+    return result
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["naive-proxy"]:
+        naive_proxy(sys.argv[2:])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--window", type=float, default=5.0, help="seconds per measured window")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating windows per side")
+    parser.add_argument("--no-sciworld", dest="sciworld", action="store_false")
+    args = parser.parse_args()
+    print(json.dumps(uvloop.run(bench(args)), indent=2))
+
+
+if __name__ == "__main__":
+    main()
