@@ -73,9 +73,9 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "watchdog.probeTimeoutSeconds must be shorter than watchdog.probePeriodSeconds",
     ),
     (
-        "memory limit under request",
-        {"resources": {"requests": {"memory": "8Gi"}, "limits": {"memory": "4Gi"}}},
-        "resources.limits.memory must be at least resources.requests.memory",
+        "bad quantity",
+        {"resources": {"limits": {"memory": "lots"}}},
+        "spec.resources.limits.memory in body should match",
     ),
     ("empty image", {"image": ""}, "spec.image: Invalid value"),
     ("typo in a field", {"sessionPerReplica": 4}, 'unknown field "spec.sessionPerReplica"'),

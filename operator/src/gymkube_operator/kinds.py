@@ -10,7 +10,20 @@ VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 
 # Kubernetes quantities are ints or strings ("500m", "8Gi"); the API server keeps them as written.
-Quantity = Annotated[int | str, WithJsonSchema({"x-kubernetes-int-or-string": True})]
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+Quantity = Annotated[
+    int | str,
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": QUANTITY_PATTERN,
+            "x-kubernetes-int-or-string": True,
+        }
+    ),
+]
 
 # Partial Kubernetes objects (pod spec overrides) are validated by the API server when the
 # children are applied, so the CRD keeps them as-is instead of copying the whole PodSpec schema.

@@ -82,7 +82,8 @@ def _structural(node: Any, *, defaults: bool) -> Any:
         return node
     node = dict(node)
     # Optional[X] is anyOf [X, null]; Kubernetes expresses "optional" by leaving the key out.
-    if "anyOf" in node:
+    # int-or-string keeps its anyOf [integer, string]: that form is structural.
+    if "anyOf" in node and not node.get("x-kubernetes-int-or-string"):
         branches = [b for b in node.pop("anyOf") if b.get("type") != "null"]
         if len(branches) != 1:
             raise ValueError(f"unions are not structural: {branches}")

@@ -98,13 +98,6 @@ class EnvPoolSpec(CamelModel):
                 "self.warmSessionsPerReplica <= self.sessionsPerReplica",
                 "warmSessionsPerReplica must not exceed sessionsPerReplica",
             ),
-            (
-                "!has(self.resources.requests) || !has(self.resources.limits)"
-                " || !('memory' in self.resources.requests) || !('memory' in self.resources.limits)"
-                " || quantity(string(self.resources.limits.memory)).compareTo("
-                "quantity(string(self.resources.requests.memory))) >= 0",
-                "resources.limits.memory must be at least resources.requests.memory",
-            ),
         )
     )
 
