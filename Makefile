@@ -59,6 +59,17 @@ manifests: install ## Regenerate the CRD YAML (operator package, chart, kustomiz
 tools: ## Build the pinned Kubernetes binaries, etcd, helm and kustomize (cached; seconds when warm).
 	hack/build-tools.sh
 
+##@ Images (local Docker, no registry: debootstrap base images, wheels built here; docs/install.md)
+
+.PHONY: base-image
+base-image: ## Make the local Debian bookworm base images (debootstrap + docker import; cached).
+	hack/base-image.sh
+
+.PHONY: images
+images: install ## Build the envserver, router, operator and preflight images, then play episodes in them.
+	hack/build-images.sh
+	$(PY) hack/smoke_images.py
+
 ##@ Clusters (local single-node cluster here; kind where Docker can pull its node image)
 
 .PHONY: cluster-up
