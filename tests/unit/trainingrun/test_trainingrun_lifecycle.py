@@ -191,6 +191,14 @@ def test_active_job_is_running_with_its_start_time() -> None:
     assert plan.create == []
 
 
+def test_a_pending_pod_is_starting_not_running() -> None:
+    pending = job("grpo-train", active=1, ready=0)
+    plan = step(Observed(pool=pool(), training=pending), started())
+    assert plan.status.phase == Phase.STARTING
+    assert condition(plan, "Running") == ("False", "Starting")
+    assert plan.status.start_time is None
+
+
 def test_failed_job_fails_the_run_with_the_jobs_reason() -> None:
     failed = job("grpo-train", ("Failed", "BackoffLimitExceeded"))
     plan = step(Observed(pool=pool(), training=failed), started())
