@@ -15,6 +15,7 @@ KUBE_TOOLS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-p
 ALL_TOOLS=("${KUBE_TOOLS[@]}" etcd helm kustomize)
 JOBS=${GYMKUBE_BUILD_JOBS:-2}
 SRC_DIR=$GYMKUBE_CACHE/src
+SCRATCH_DIR=$GYMKUBE_CACHE/scratch
 
 log() { printf 'build-tools: %s\n' "$*" >&2; }
 die() {
@@ -74,12 +75,13 @@ wrapper_header() {
 	grep -E '^(go|godebug) ' "$2"
 }
 
-# Builds PACKAGES with LDFLAGS into the bin dir, via a scratch dir so no half-written binary is left.
+# Builds PACKAGES with LDFLAGS into the bin dir via a scratch dir, so an interrupted build leaves no
+# half-written binary behind (only scratch, which the next run clears).
 go_build() {
 	local dir=$1 ldflags=$2 out=$3
 	shift 3
 	local scratch
-	scratch=$(mktemp -d "$GYMKUBE_BIN_DIR/.build.XXXXXX")
+	scratch=$(mktemp -d "$SCRATCH_DIR/build.XXXXXX")
 	(cd "$dir" && CGO_ENABLED=0 nice -n 10 go build -p "$JOBS" -trimpath -ldflags "$ldflags" -o "$scratch/$out" "$@")
 	mv -f "$scratch"/* "$GYMKUBE_BIN_DIR/"
 	rmdir "$scratch"
@@ -153,6 +155,8 @@ main() {
 	# Several checkouts may run `make test` at once; one builder at a time per cache.
 	exec 9>"$GYMKUBE_CACHE/build.lock"
 	flock 9
+	rm -rf "$SCRATCH_DIR"
+	mkdir -p "$SCRATCH_DIR"
 
 	for tool in "${requested[@]}"; do
 		is_current "$tool" && continue
