@@ -39,7 +39,7 @@ def namespace(kube: ControlPlane, request: pytest.FixtureRequest) -> Iterator[st
     name = f"{stem}-{secrets.token_hex(3)}"
     with kube.api_client() as client:
         core = kubernetes.client.CoreV1Api(client)
-        core.create_namespace({"metadata": {"name": name}})
+        core.create_namespace(kubernetes.client.V1Namespace(metadata={"name": name}))
         deadline = time.monotonic() + SERVICE_ACCOUNT_TIMEOUT_S
         while not core.list_namespaced_service_account(
             name, field_selector="metadata.name=default"

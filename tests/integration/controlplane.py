@@ -277,9 +277,9 @@ class ControlPlane:
     bin_dir: Path
     server: str
     workdir: Path
-    startup_seconds: float = 0.0
-    _server_ca_pem: bytes = field(default=b"", repr=False)
-    _client_ca: _CertificateAuthority | None = field(default=None, repr=False)
+    startup_seconds: float
+    _server_ca_pem: bytes = field(repr=False)
+    _client_ca: _CertificateAuthority = field(repr=False)
 
     def env(self) -> dict[str, str]:
         """os.environ for a subprocess (an operator, kubectl, helm) that must use this cluster."""
@@ -320,7 +320,9 @@ class ControlPlane:
     def api_client(self, kubeconfig: Path | None = None) -> kubernetes.client.ApiClient:
         """A fresh client bound to the admin kubeconfig, or to one from kubeconfig_for_user."""
         path = self.own_kubeconfig(kubeconfig or self.kubeconfig)
-        client = kubernetes.config.new_client_from_config(config_file=str(path))
+        client: kubernetes.client.ApiClient = kubernetes.config.new_client_from_config(  # type: ignore[no-untyped-call]
+            config_file=str(path)
+        )
         if client.configuration.host != self.server:
             raise ControlPlaneError(
                 f"{path} points at {client.configuration.host}, not {self.server}"
@@ -329,8 +331,6 @@ class ControlPlane:
 
     def kubeconfig_for_user(self, user: str, groups: Sequence[str] = ()) -> Path:
         """A kubeconfig authenticating as `user` in `groups` by client certificate (no bindings)."""
-        if self._client_ca is None:
-            raise ControlPlaneError("this control plane cannot issue user certificates")
         creds = self._client_ca.issue(user, organizations=groups)
         safe_name = re.sub(r"[^A-Za-z0-9_.-]", "_", user)
         path = self.workdir / "users" / f"{safe_name}-{secrets.token_hex(4)}.kubeconfig"
