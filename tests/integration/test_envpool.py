@@ -142,7 +142,7 @@ def test_a_valid_pool_gets_exactly_its_children_with_owner_references(
     assert conditions["Ready"]["status"] == "False"
     assert conditions["Degraded"]["status"] == "False"
     # Printer columns and the short name work for users.
-    table = kube.kubectl("get", "ep", "-n", cluster.namespace).stdout
+    table = kube.kubectl("get", "envp", "-n", cluster.namespace).stdout
     assert table.split()[:6] == ["NAME", "READY", "SESSIONS", "CAPACITY", "URL", "AGE"]
     assert status["url"] in table
 

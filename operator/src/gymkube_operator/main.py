@@ -41,12 +41,12 @@ def build_registry(runtime: Runtime) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo:
+    async def login(**kwargs: Any) -> kopf.ConnectionInfo:
         # In a pod the service account wins; elsewhere the KUBECONFIG file.
         info = kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
         if info is None:
             raise kopf.LoginError("no service account and no KUBECONFIG to log in with")
-        runtime.connect(info)
+        await runtime.connect(info)
         return info
 
     @kopf.on.cleanup(registry=registry)

@@ -19,9 +19,12 @@ class Runtime:
     _probes: aiohttp.ClientSession | None = None
     _limit: asyncio.Semaphore | None = None
 
-    def connect(self, info: kopf.ConnectionInfo) -> None:
-        """Called from the login handler, so the client uses the credentials kopf uses."""
-        self._client = KubeClient.connect(info, self.settings.field_manager)
+    async def connect(self, info: kopf.ConnectionInfo) -> None:
+        """Called from the login handler (again when credentials expire), so the client always
+        uses the credentials kopf uses."""
+        previous, self._client = self._client, KubeClient.connect(info, self.settings.field_manager)
+        if previous is not None:
+            await previous.close()
 
     @property
     def client(self) -> KubeClient:

@@ -53,7 +53,7 @@ def test_envpool_crd_has_the_kubectl_surface() -> None:
     crd = render(ENVPOOL)
     version = crd["spec"]["versions"][0]
     assert crd["metadata"]["name"] == "envpools.gymkube.io"
-    assert crd["spec"]["names"]["shortNames"] == ["ep"]
+    assert crd["spec"]["names"]["shortNames"] == ["envp"]
     assert version["name"] == "v1alpha1"
     columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
     assert columns == ["Ready", "Sessions", "Capacity", "URL", "Age"]

@@ -22,9 +22,8 @@ from gymkube_operator.objects import Object
 from gymkube_operator.runtime import Runtime
 
 PoolKey = tuple[str, str]
+WAKE_DEBOUNCE_SECONDS = 0.2
 PoolIndex = kopf.Index[PoolKey, "Object"]
-# The handlers below that build these indexes carry the same names.
-INDEXES = ("envpool_statefulsets", "envpool_routers", "envpool_pods")
 # Fields of children and pods the watchdog reads; indexes keep only these to bound memory.
 _KEPT_STATUS = ("replicas", "readyReplicas", "updatedReplicas", "observedGeneration")
 
@@ -206,45 +205,58 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     """Register the EnvPool handlers on a registry (tests build their own runtime and registry)."""
     wakes: dict[PoolKey, asyncio.Event] = {}
 
-    @kopf.index("statefulsets", labels={POOL_LABEL: kopf.PRESENT}, registry=registry)
-    def envpool_statefulsets(
+    def keyed(namespace: str | None, labels: kopf.Labels, value: Object) -> dict[PoolKey, Object]:
+        key = (_namespace(namespace), labels[POOL_LABEL])
+        # A child changed: wake the pool's watchdog so its status follows within moments.
+        if (wake := wakes.get(key)) is not None:
+            wake.set()
+        return {key: value}
+
+    # Indexes replace API reads in the watchdog; async, so they run on the event loop.
+    @kopf.index(
+        "statefulsets",
+        id="envpool_statefulsets",
+        labels={POOL_LABEL: kopf.PRESENT},
+        registry=registry,
+    )
+    async def envpool_statefulsets(
         namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
     ) -> dict[PoolKey, Object]:
-        return {(_namespace(namespace), labels[POOL_LABEL]): _slim_workload(body)}
+        return keyed(namespace, labels, _slim_workload(body))
 
     @kopf.index(
-        "deployments", labels={POOL_LABEL: kopf.PRESENT, COMPONENT_LABEL: ROUTER}, registry=registry
+        "deployments",
+        id="envpool_routers",
+        labels={POOL_LABEL: kopf.PRESENT, COMPONENT_LABEL: ROUTER},
+        registry=registry,
     )
-    def envpool_routers(
+    async def envpool_routers(
         namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
     ) -> dict[PoolKey, Object]:
-        return {(_namespace(namespace), labels[POOL_LABEL]): _slim_workload(body)}
+        return keyed(namespace, labels, _slim_workload(body))
 
     @kopf.index(
-        "pods", labels={POOL_LABEL: kopf.PRESENT, COMPONENT_LABEL: ENVSERVER}, registry=registry
+        "pods",
+        id="envpool_pods",
+        labels={POOL_LABEL: kopf.PRESENT, COMPONENT_LABEL: ENVSERVER},
+        registry=registry,
     )
-    def envpool_pods(
+    async def envpool_pods(
         namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
     ) -> dict[PoolKey, Object]:
         return {(_namespace(namespace), labels[POOL_LABEL]): _slim_pod(body)}
 
-    # A child's status changed: wake its pool's watchdog so status follows within moments.
-    @kopf.on.event("statefulsets", labels={POOL_LABEL: kopf.PRESENT}, registry=registry)
-    @kopf.on.event("deployments", labels={POOL_LABEL: kopf.PRESENT}, registry=registry)
-    def wake_pool(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
-        wake = wakes.get((_namespace(namespace), labels[POOL_LABEL]))
-        if wake is not None:
-            wake.set()
-
-    @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
-    @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
-    @kopf.on.update(GROUP, VERSION, PLURAL, registry=registry)
+    @kopf.on.resume(GROUP, VERSION, PLURAL, id="envpool_reconcile", registry=registry)
+    @kopf.on.create(GROUP, VERSION, PLURAL, id="envpool_reconcile", registry=registry)
+    @kopf.on.update(GROUP, VERSION, PLURAL, id="envpool_reconcile", registry=registry)
     async def reconcile_envpool(
         name: str, namespace: str | None, uid: str, body: kopf.Body, meta: kopf.Meta, **_: Any
     ) -> None:
         await reconcile(rt, name, _namespace(namespace), uid, body, meta.get("generation", 1))
 
-    @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=5, registry=registry)
+    @kopf.daemon(
+        GROUP, VERSION, PLURAL, id="envpool_watchdog", cancellation_timeout=5, registry=registry
+    )
     async def envpool_watchdog(
         name: str,
         namespace: str | None,
@@ -256,7 +268,7 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
         key = (_namespace(namespace), name)
         wake = wakes.setdefault(key, asyncio.Event())
         memory = Memory()
-        # kopf passes each index as a keyword argument named after its function.
+        # kopf passes each index as a keyword argument named by its id.
         indexes = (
             kwargs["envpool_statefulsets"],
             kwargs["envpool_routers"],
@@ -269,5 +281,7 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
                 period = builders.parse_spec(body["spec"]).watchdog.probe_period_seconds
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), timeout=period)
+                    # Let a burst of child events (and their index updates) land first.
+                    await asyncio.sleep(WAKE_DEBOUNCE_SECONDS)
         finally:
             wakes.pop(key, None)
