@@ -316,7 +316,7 @@ def bench_jvm_flags(rounds: int) -> dict[str, Any]:
             if options:
                 env["JAVA_TOOL_OPTIONS"] = options
             done = subprocess.run(
-                [sys.executable, __file__, "--probe-jvm"],
+                [sys.executable, "-P", __file__, "--probe-jvm"],
                 env=env,
                 capture_output=True,
                 text=True,
@@ -331,6 +331,9 @@ def bench_jvm_flags(rounds: int) -> dict[str, Any]:
     }
 
 
+SECTIONS = ("create_reset", "sciworld_step", "frozen_lake")
+
+
 def load_average() -> list[float]:
     return [round(value, 2) for value in os.getloadavg()]
 
@@ -339,6 +342,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
     parser.add_argument("--jvm-flags", action="store_true", help="also compare JVM flag sets")
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these sections")
     parser.add_argument("--probe-jvm", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.probe_jvm:
@@ -351,9 +355,13 @@ def main() -> None:
             "note": "shared box: other builds and tests may run at the same time",
         }
     }
-    report["create_reset"] = bench_create_reset(4 if args.quick else 10)
-    report["sciworld_step"] = bench_sciworld_step(12 if args.quick else 60)
-    report["frozen_lake"] = bench_frozen_lake(64, 3.0 if args.quick else 10.0)
+    wanted = set(args.only or SECTIONS)
+    if "create_reset" in wanted:
+        report["create_reset"] = bench_create_reset(4 if args.quick else 10)
+    if "sciworld_step" in wanted:
+        report["sciworld_step"] = bench_sciworld_step(12 if args.quick else 60)
+    if "frozen_lake" in wanted:
+        report["frozen_lake"] = bench_frozen_lake(64, 3.0 if args.quick else 10.0)
     if args.jvm_flags:
         report["jvm_flags"] = bench_jvm_flags(1 if args.quick else 3)
     report["box"]["load_average_at_end"] = load_average()

@@ -49,8 +49,8 @@ SPLITS = ("train", "dev", "test")
 INFO_KEYS = ("moves", "score", "reward", "variationIdx", "taskName", "simplificationStr")
 """ScienceWorld step info passed on; look/inventory/valid-action lists stay out (large)."""
 JVM_EXIT_WAIT_S = 5.0
-WARM_UP_ENTRIES = (0, 2_000)
-"""data_idx values loaded once by a new warm-pool JVM (two different tasks)."""
+WARM_UP_ENTRIES = (0, 2_000, 3_500)
+"""data_idx values loaded once by a new warm-pool JVM (different tasks)."""
 
 
 class SciWorldConfig(BaseModel):
@@ -130,6 +130,30 @@ def close_env(env: ScienceWorldEnv) -> None:
         process.wait()
 
 
+def look_around(env: ScienceWorldEnv) -> tuple[str, int, bool, dict[str, Any]]:
+    """``env.step("look around")`` without the extras a reset answer does not carry.
+
+    The same score, reward, move and completion bookkeeping as ``ScienceWorldEnv.step`` in
+    scienceworld 1.2.3, minus its look/inventory/valid-action queries: those take about half of
+    a step, and the reset answer (like AgentGym's) only has observation, reward, score and done.
+    """
+    observation = env.server.step("look around")
+    score = round(100 * env.server.getScore())
+    moves = env.get_num_moves()
+    reward = score - env.lastStepScore
+    env.lastStepScore = score
+    done = bool(env.server.getCompleted()) or moves > env.envStepLimit or score < 0
+    info = {
+        "moves": moves,
+        "score": score,
+        "reward": reward,
+        "variationIdx": env.variationIdx,
+        "taskName": env.taskName,
+        "simplificationStr": env.simplificationStr,
+    }
+    return observation, reward, done, info
+
+
 class SciWorldInstance(EnvInstance):
     def __init__(self, backend: SciWorldBackend, env: ScienceWorldEnv) -> None:
         self._backend = backend
@@ -169,7 +193,7 @@ class SciWorldInstance(EnvInstance):
         env.load(task_name, variation, config.simplifications)
         env.envStepLimit = config.step_limit
         description = env.get_task_description()
-        observation, reward, done, info = env.step("look around")
+        observation, reward, done, info = look_around(env)
         return observation, reward, done, info, description
 
     async def warm_up(self) -> None:
@@ -179,6 +203,7 @@ class SciWorldInstance(EnvInstance):
         for index in WARM_UP_ENTRIES:
             task_name, variation = entries[index % len(entries)]
             await self._run(self._load, task_name, variation, SciWorldConfig())
+            await self._run(self._env.step, "look around")
 
     async def step(self, action: str) -> StepOutcome:
         observation, reward, done, info = await self._run(self._env.step, action)
