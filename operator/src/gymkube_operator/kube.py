@@ -147,12 +147,13 @@ class KubeClient:
 
     async def served(self, api_version: str, plural: str) -> bool:
         """Whether the API server serves this resource (its CRD is installed and established)."""
-        try:
-            group = await self._request("GET", f"/apis/{api_version}")
-        except KubeError as error:
-            if error.status == 404:
+        # Discovery answers an unknown group with a plain-text 404, not a Status object.
+        async with self._session.get(f"{self._server}/apis/{api_version}") as response:
+            if response.status == 404:
                 return False
-            raise
+            if response.status >= 400:
+                raise KubeError(response.status, await response.text())
+            group = await response.json(content_type=None)
         return any(r.get("name") == plural for r in group.get("resources", []))
 
     async def patch_status(
