@@ -463,6 +463,10 @@ def _start(bin_dir: Path, workdir: Path, processes: list[_Process]) -> ControlPl
         f"--cluster-signing-cert-file={paths['client-ca.crt']}",
         f"--cluster-signing-key-file={paths['client-ca.key']}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
+        # With per-controller credentials every controller start costs a few API requests; the
+        # default client limit (20 qps) spaces them out and delays startup by seconds.
+        "--kube-api-qps=200",
+        "--kube-api-burst=400",
     )
 
     tls = ssl.create_default_context(cafile=str(paths["server-ca.crt"]))
