@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -23,7 +24,12 @@ from uuid import uuid4
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from pydantic import ValidationError
-from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
+from verl.experimental.agent_loop.agent_loop import (
+    AgentLoopBase,
+    AgentLoopOutput,
+    _agent_loop_registry,
+    register,
+)
 from verl.utils.profiler import simple_timer
 from verl.utils.rollout_trace import rollout_trace_op
 
@@ -38,6 +44,8 @@ logger = logging.getLogger(__name__)
 AGENT_NAME = "gymkube_env"
 DEFAULT_MAX_TURNS = 20
 TRUNCATION_MARK = " ...[truncated]"
+# Environment variables the settings read.
+ENV_PREFIXES = ("GYMKUBE_", "SCIWORLD_ENV_BASE")
 
 # Keyword arguments verl's worker passes to every agent loop; every other key comes from the YAML.
 _VERL_KWARGS = frozenset(inspect.signature(AgentLoopBase.__init__).parameters) | {"tools", "name"}
@@ -61,7 +69,8 @@ def _plain(value: Any) -> Any:
 
 def load_settings(options: dict[str, Any]) -> tuple[AgentLoopSettings, dict[str, PromptTemplate]]:
     """Settings and templates for YAML options; cached because verl builds a loop per sample."""
-    key = json.dumps(options, sort_keys=True, default=str)
+    environment = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}
+    key = json.dumps([options, environment], sort_keys=True, default=str)
     if key not in _settings_cache:
         try:
             settings = AgentLoopSettings(**options)
@@ -110,10 +119,25 @@ class _Rollout:
     client: EnvClient | None = None
 
 
-@register(AGENT_NAME)
+def _register_unless_configured(cls: type[AgentLoopBase]) -> type[AgentLoopBase]:
+    """verl's `register`, except that it keeps an entry an agent-loop YAML already made.
+
+    verl's worker loads the YAML into the registry first and imports this module only when it
+    builds the first loop; a plain `@register` would then replace the YAML entry (and its
+    env_url and other keys) with a bare `_target_` for every later trajectory.
+    """
+    if AGENT_NAME in _agent_loop_registry:
+        return cls
+    registered: type[AgentLoopBase] = register(AGENT_NAME)(cls)
+    return registered
+
+
+@_register_unless_configured
 class GymkubeEnvAgentLoop(AgentLoopBase):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         options = {key: _plain(kwargs.pop(key)) for key in list(kwargs) if key not in _VERL_KWARGS}
+        # A null YAML value means "not set here": the environment or the default applies.
+        options = {key: value for key, value in options.items() if value is not None}
         super().__init__(*args, **kwargs)
         self.settings, self.templates = load_settings(options)
         multi_turn = self.rollout_config.get("multi_turn") or {}

@@ -1,0 +1,141 @@
+"""gymkube-dataset and gymkube-preflight, run as users run them, against a real env server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from agentloop_harness import BIN, EnvServer, ScriptedLLM, free_port, instantiate_loop
+from gymkube_agentloop.policies import FrozenLakeShortestPath
+from gymkube_agentloop.templates import BUILTIN_TEMPLATES
+from omegaconf import OmegaConf
+from transformers import PreTrainedTokenizerFast
+from verl.utils.dataset.rl_dataset import RLHFDataset
+
+pytestmark = pytest.mark.unit
+
+
+def cli(tool: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / tool), *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def dataset(url: str, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return cli(
+        "gymkube-dataset", "--env-url", url, "--env", "frozen_lake", "--out", str(out), *args
+    )
+
+
+def test_dataset_rows_are_sampled_from_the_split(frozen_lake: EnvServer, tmp_path: Path) -> None:
+    first, again, other = tmp_path / "a.parquet", tmp_path / "b.parquet", tmp_path / "c.parquet"
+    for out, seed in ((first, "7"), (again, "7"), (other, "8")):
+        done = dataset(frozen_lake.url, out, "--split", "dev", "--size", "20", "--seed", seed)
+        assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["rows"] == 20
+
+    rows = pq.read_table(first).to_pylist()
+    indices = [row["extra_info"]["data_idx"] for row in rows]
+    assert len(set(indices)) == 20
+    assert all(8_000 <= idx < 9_000 for idx in indices)  # the server's dev split
+    assert [row["item_id"] for row in rows] == [f"frozen_lake_{idx}" for idx in indices]
+    assert [row["extra_info"]["index"] for row in rows] == list(range(20))
+    assert {row["agent_name"] for row in rows} == {"gymkube_env"}
+    assert {row["data_source"] for row in rows} == {"frozen_lake"}
+    assert rows[0]["prompt"] == BUILTIN_TEMPLATES["frozen_lake"].opening()
+    assert pq.read_table(again).equals(pq.read_table(first))
+    assert not pq.read_table(other).equals(pq.read_table(first))
+
+
+async def test_dataset_rows_play_through_verl_and_the_loop(
+    frozen_lake: EnvServer,
+    tokenizer: PreTrainedTokenizerFast,
+    agent_yaml: Callable[..., Path],
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "train.parquet"
+    assert dataset(frozen_lake.url, out, "--split", "train", "--size", "2").returncode == 0
+    data_config = {"return_raw_chat": True, "cache_dir": str(tmp_path / "cache")}
+    rows = RLHFDataset([str(out)], tokenizer, OmegaConf.create(data_config))
+    agent_yaml(frozen_lake.url)
+    policy = FrozenLakeShortestPath()
+    llm = ScriptedLLM(
+        tokenizer, lambda text: f"<action>{policy.act(text.rpartition('user')[2])}</action>"
+    )
+    for position in range(len(rows)):
+        fields = {key: value for key, value in rows[position].items() if key != "dummy_tensor"}
+        assert fields["agent_name"] == "gymkube_env"
+        output = await instantiate_loop("gymkube_env", llm, tokenizer).run({}, **fields)
+        assert output.extra_fields["env_item_id"] == fields["item_id"]
+        assert output.reward_score == 1.0
+
+
+def test_dataset_reports_bad_input_without_a_traceback(
+    frozen_lake: EnvServer, tmp_path: Path
+) -> None:
+    out = tmp_path / "x.parquet"
+    closed = f"http://127.0.0.1:{free_port()}"
+    wrong_env = ["--env-url", frozen_lake.url, "--env", "sciworld", "--out", str(out)]
+    cases = [
+        (dataset(closed, out, "--split", "dev", "--size", "3", "--connect-timeout", "0.2"), 1),
+        (cli("gymkube-dataset", *wrong_env, "--split", "dev", "--size", "3"), 2),
+        (dataset(frozen_lake.url, out, "--split", "dev", "--size", "0"), 2),
+        (dataset("pool:8000", out, "--split", "dev", "--size", "3"), 2),
+    ]
+    for done, code in cases:
+        assert done.returncode == code, done.stderr
+        assert "gymkube-dataset: error:" in done.stderr
+        assert "Traceback" not in done.stderr
+    assert not out.exists()
+
+
+def preflight(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return cli("gymkube-preflight", "--env-url", url, "--env", "frozen_lake", *args)
+
+
+def test_preflight_scripted_episodes_solve_every_lake(frozen_lake: EnvServer) -> None:
+    done = preflight(frozen_lake.url, "--episodes", "6", "--policy", "scripted")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["ok"] is True
+    assert report["episodes"] == 6
+    assert report["endings"] == {"done": 6}
+    assert report["env_errors"] == {}
+    assert report["mean_score"] == 1.0
+    for call in ("create", "reset", "step", "close"):
+        latency = report["latency_ms"][call]
+        assert 0 < latency["p50"] <= latency["p90"] <= latency["p99"] <= latency["max"]
+
+
+def test_preflight_random_policy_plays_whole_episodes(frozen_lake: EnvServer) -> None:
+    done = preflight(frozen_lake.url, "--episodes", "4", "--policy", "random", "--seed", "3")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["episodes"] == 4
+    assert sum(report["endings"].values()) == 4
+    assert 0.0 <= report["mean_score"] <= 1.0
+
+
+def test_preflight_fails_on_env_errors(start_env_server: Callable[..., EnvServer]) -> None:
+    # One session slot, two episodes at once, and no patience: the second create is refused.
+    server = start_env_server("frozen_lake", "--max-sessions", "1", "--warm", "0")
+    done = preflight(
+        server.url, "--episodes", "2", "--concurrency", "2", "--connect-timeout", "0.1"
+    )
+    assert done.returncode == 1
+    report = json.loads(done.stdout)
+    assert report["ok"] is False
+    assert report["env_errors"] == {"at_capacity": 1}
+    assert report["failures"][0]["ending"] == "env_error"
+
+
+def test_preflight_reports_an_unreachable_pool_without_a_traceback() -> None:
+    closed = f"http://127.0.0.1:{free_port()}"
+    done = preflight(closed, "--episodes", "1", "--connect-timeout", "0.2")
+    assert done.returncode == 1
+    assert "gymkube-preflight: error: cannot read the task table: unreachable" in done.stderr
+    assert "Traceback" not in done.stderr
