@@ -81,3 +81,17 @@ def test_classes_without_the_env_shape_are_refused() -> None:
         load_backend(settings(env="plugin:no_such_module_here:Env"))
     with pytest.raises(EnvSpecError, match="lacks async reset, step, close"):
         load_backend(settings(env="plugin:json:JSONDecoder"))
+
+
+async def test_an_env_call_that_hangs_loses_its_session_instead_of_hanging() -> None:
+    async with asgi_client(env=PLUGIN, warm=0, call_timeout=0.3) as client:
+        config = {"env_config": {"step_delay_s": 30}}
+        session = (await client.post("/create", json=config)).json()["id"]
+        await client.post("/reset", json={"id": session, "seed": 2})
+        hung = await client.post("/step", json={"id": session, "action": "<guess>1</guess>"})
+        assert hung.status_code == 410
+        assert "did not answer within 0.3 s" in hung.json()["error"]["message"]
+        after = await client.post("/step", json={"id": session, "action": "<guess>1</guess>"})
+        assert after.status_code == 404
+        assert "lost" in after.json()["error"]["message"]
+        assert (await client.get("/status")).json()["active"] == 0

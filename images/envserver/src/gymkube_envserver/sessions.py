@@ -218,9 +218,6 @@ class SessionManager:
         self._begin_close(session_id, "closed")
         return True
 
-    def touch(self, session: Session) -> None:
-        session.last_active_at = time.time()
-
     # internals
 
     def _still_open(self, session: Session) -> None:
@@ -229,8 +226,15 @@ class SessionManager:
             self.get(session.id)
 
     async def _call(self, session: Session, call: Awaitable[T]) -> T:
+        timeout = self.settings.call_timeout
         try:
-            return await call
+            return await asyncio.wait_for(call, timeout)
+        except TimeoutError:
+            self._begin_close(session.id, f"lost: its env did not answer within {timeout:g} s")
+            raise ApiError(
+                ErrorCode.SESSION_LOST,
+                f"session {session.id!r} closed: its env did not answer within {timeout:g} s",
+            ) from None
         except EnvInputError as exc:
             raise ApiError(ErrorCode.BAD_REQUEST, str(exc)) from None
         except EnvLostError as exc:

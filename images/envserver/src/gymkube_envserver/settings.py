@@ -33,6 +33,9 @@ class ServerSettings(BaseSettings):
     idle_timeout: float = Field(
         default=600.0, ge=0, description="Close sessions idle this many seconds (0: never)."
     )
+    call_timeout: float = Field(
+        default=300.0, gt=0, description="A reset or step running longer loses its session (410)."
+    )
     canary_interval: float = Field(
         default=60.0, ge=0, description="Seconds between canary episodes (0: no canary)."
     )
