@@ -23,7 +23,7 @@ die() {
 	exit 1
 }
 
-# The version string each binary must print for the given pins.
+# The line each binary's version output must contain for the current pins.
 expected_version() {
 	case $1 in
 	kubectl) echo "Client Version: $KUBERNETES_VERSION" ;;
@@ -44,8 +44,11 @@ reported_version() {
 	esac 2>/dev/null
 }
 
+# True when the binary exists and one line of its version output is exactly the expected one.
 is_current() {
-	[[ -x $GYMKUBE_BIN_DIR/$1 ]] && reported_version "$1" | grep -qF -- "$(expected_version "$1")"
+	local out
+	[[ -x $GYMKUBE_BIN_DIR/$1 ]] && out=$(reported_version "$1") &&
+		grep -qxF -- "$(expected_version "$1")" <<<"$out"
 }
 
 # Path of MODULE@VERSION's go.mod in the module cache (downloads it when missing).
@@ -167,10 +170,10 @@ main() {
 		log "up to date in $GYMKUBE_BIN_DIR"
 		return
 	fi
-	log "building into $GYMKUBE_BIN_DIR with $JOBS jobs (a cold build takes tens of minutes)"
+	log "building into $GYMKUBE_BIN_DIR with $JOBS parallel jobs"
 	local start=$SECONDS
 	if ((${#stale_kube[@]})); then
-		log "building ${stale_kube[*]} $KUBERNETES_VERSION"
+		log "building ${stale_kube[*]} $KUBERNETES_VERSION (10-15 minutes on 2 cores with cold Go caches)"
 		build_kubernetes "${stale_kube[@]}"
 	fi
 	for tool in etcd helm kustomize; do
