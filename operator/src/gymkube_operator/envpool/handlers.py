@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from typing import Any
 
@@ -78,6 +79,24 @@ def _first(index: kopf.Index[PoolKey, Object], key: PoolKey) -> Object | None:
     return next(iter(index.get(key, [])), None)
 
 
+@dataclasses.dataclass
+class PoolState:
+    """What the operator knows about one pool between handler calls.
+
+    The operator is the only writer of an EnvPool's status, so the status it last wrote is fresher
+    than the body kopf hands over (whose watch event may still be in flight). Both writers, the
+    reconcile handler and the watchdog, hold the lock while they compute and write.
+    """
+
+    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+    wake: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    memory: Memory = dataclasses.field(default_factory=Memory)
+    written: EnvPoolStatus | None = None
+
+    def previous(self, body: kopf.Body) -> EnvPoolStatus:
+        return self.written if self.written is not None else _status(body)
+
+
 async def _apply_children(
     rt: Runtime, name: str, namespace: str, uid: str, spec: EnvPoolSpec
 ) -> Observed:
@@ -92,31 +111,35 @@ async def _apply_children(
 
 
 async def _write_status(
-    rt: Runtime, name: str, namespace: str, status: EnvPoolStatus, *, with_restarts: bool
+    rt: Runtime, state: PoolState, name: str, namespace: str, status: EnvPoolStatus
 ) -> None:
-    body = status.to_api()
-    if not with_restarts:
-        # The watchdog owns status.restarts; a reconcile must not roll back its latest record.
-        body.pop("restarts", None)
-    await rt.client.patch_status(f"{GROUP}/{VERSION}", "EnvPool", namespace, name, body)
+    api_version = f"{GROUP}/{VERSION}"
+    written = await rt.client.patch_status(api_version, "EnvPool", namespace, name, status.to_api())
+    state.written = EnvPoolStatus.model_validate(written.get("status") or {})
 
 
 async def reconcile(
-    rt: Runtime, name: str, namespace: str, uid: str, body: kopf.Body, generation: int
+    rt: Runtime,
+    state: PoolState,
+    name: str,
+    namespace: str,
+    uid: str,
+    body: kopf.Body,
+    generation: int,
 ) -> None:
     spec = builders.parse_spec(body["spec"])
-    observed = await _apply_children(rt, name, namespace, uid, spec)
-    previous = _status(body)
-    status = compute_status(
-        name=name,
-        namespace=namespace,
-        generation=generation,
-        spec=spec,
-        previous=previous,
-        observed=observed,
-        now=now_rfc3339(),
-    )
-    await _write_status(rt, name, namespace, status, with_restarts=False)
+    async with state.lock:
+        observed = await _apply_children(rt, name, namespace, uid, spec)
+        status = compute_status(
+            name=name,
+            namespace=namespace,
+            generation=generation,
+            spec=spec,
+            previous=state.previous(body),
+            observed=observed,
+            now=now_rfc3339(),
+        )
+        await _write_status(rt, state, name, namespace, status)
     if observed.apply_error:
         raise kopf.TemporaryError(f"applying children failed: {observed.apply_error}", delay=10)
 
@@ -152,7 +175,7 @@ async def _carry_out(
 
 async def watch_once(
     rt: Runtime,
-    memory: Memory,
+    state: PoolState,
     name: str,
     namespace: str,
     uid: str,
@@ -167,49 +190,49 @@ async def watch_once(
     observations = await observe(
         rt.probes, pods, spec.port, spec.watchdog, rt.resolve, rt.probe_limit
     )
-    now = time.time()
-    history = restart_times(_status(body).restarts)
-    plan = decide(observations, memory, spec.watchdog, history, now)
-    by_uid = {p["metadata"]["uid"]: p for p in pods}
-    done = await _carry_out(rt, plan, by_uid, spec, namespace, body)
-    # The body is live: read the status again now, after the probes, so a reconcile that
-    # finished meanwhile is not overwritten with an older generation.
-    previous = _status(body)
-    if not previous.observed_generation:
-        return  # the first reconcile has not written status yet
-    observed = Observed(
-        statefulset=_first(statefulsets, key),
-        router=_first(routers, key),
-        pods=observations,
-        budget_exhausted=plan.budget_exhausted and bool(plan.held),
-    )
-    if observed.statefulset is None or observed.router is None:
-        # A child went missing (deleted by hand): put it back, level-based.
-        observed = await _apply_children(rt, name, namespace, uid, spec)
-    status = compute_status(
-        name=name,
-        namespace=namespace,
-        # Only a reconcile of the current spec may claim it was observed.
-        generation=previous.observed_generation,
-        spec=spec,
-        previous=previous,
-        observed=observed,
-        restarts=record_actions(previous.restarts, done, now_rfc3339()),
-        now=now_rfc3339(),
-    )
-    if status != previous:
-        await _write_status(rt, name, namespace, status, with_restarts=True)
+    async with state.lock:
+        previous = state.previous(body)
+        if not previous.observed_generation:
+            return  # the first reconcile has not run yet
+        now = time.time()
+        plan = decide(
+            observations, state.memory, spec.watchdog, restart_times(previous.restarts), now
+        )
+        by_uid = {p["metadata"]["uid"]: p for p in pods}
+        done = await _carry_out(rt, plan, by_uid, spec, namespace, body)
+        observed = Observed(
+            statefulset=_first(statefulsets, key),
+            router=_first(routers, key),
+            pods=observations,
+            budget_exhausted=plan.budget_exhausted and bool(plan.held),
+        )
+        if observed.statefulset is None or observed.router is None:
+            # A child went missing (deleted by hand): put it back, level-based.
+            observed = await _apply_children(rt, name, namespace, uid, spec)
+        status = compute_status(
+            name=name,
+            namespace=namespace,
+            # Only a reconcile of the current spec may claim it was observed.
+            generation=previous.observed_generation,
+            spec=spec,
+            previous=previous,
+            observed=observed,
+            restarts=record_actions(previous.restarts, done, now_rfc3339()),
+            now=now_rfc3339(),
+        )
+        if status != previous:
+            await _write_status(rt, state, name, namespace, status)
 
 
 def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     """Register the EnvPool handlers on a registry (tests build their own runtime and registry)."""
-    wakes: dict[PoolKey, asyncio.Event] = {}
+    pools: dict[PoolKey, PoolState] = {}
 
     def keyed(namespace: str | None, labels: kopf.Labels, value: Object) -> dict[PoolKey, Object]:
         key = (_namespace(namespace), labels[POOL_LABEL])
         # A child changed: wake the pool's watchdog so its status follows within moments.
-        if (wake := wakes.get(key)) is not None:
-            wake.set()
+        if (state := pools.get(key)) is not None:
+            state.wake.set()
         return {key: value}
 
     # Indexes replace API reads in the watchdog; async, so they run on the event loop.
@@ -252,7 +275,9 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     async def reconcile_envpool(
         name: str, namespace: str | None, uid: str, body: kopf.Body, meta: kopf.Meta, **_: Any
     ) -> None:
-        await reconcile(rt, name, _namespace(namespace), uid, body, meta.get("generation", 1))
+        key = (_namespace(namespace), name)
+        state = pools.setdefault(key, PoolState())
+        await reconcile(rt, state, name, key[0], uid, body, meta.get("generation", 1))
 
     @kopf.daemon(
         GROUP, VERSION, PLURAL, id="envpool_watchdog", cancellation_timeout=5, registry=registry
@@ -266,8 +291,7 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
         **kwargs: Any,
     ) -> None:
         key = (_namespace(namespace), name)
-        wake = wakes.setdefault(key, asyncio.Event())
-        memory = Memory()
+        state = pools.setdefault(key, PoolState())
         # kopf passes each index as a keyword argument named by its id.
         indexes = (
             kwargs["envpool_statefulsets"],
@@ -276,12 +300,12 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
         )
         try:
             while not stopped:
-                wake.clear()
-                await watch_once(rt, memory, name, key[0], uid, body, indexes)
+                state.wake.clear()
+                await watch_once(rt, state, name, key[0], uid, body, indexes)
                 period = builders.parse_spec(body["spec"]).watchdog.probe_period_seconds
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), timeout=period)
+                    await asyncio.wait_for(state.wake.wait(), timeout=period)
                     # Let a burst of child events (and their index updates) land first.
                     await asyncio.sleep(WAKE_DEBOUNCE_SECONDS)
         finally:
-            wakes.pop(key, None)
+            pools.pop(key, None)
