@@ -58,17 +58,18 @@ async def observe(
         api_version, kind = status.training.api_version, status.training.kind
     else:
         api_version, kind = render.training_api_version(spec.nodes)
-    # A RayJob read where ray.io is not served is a 404 too: no child.
-    training = await rt.client.get(api_version, kind, namespace, render.training_name(name))
+    rayjob_served = None
+    if kind == "RayJob":
+        rayjob_served = await rt.client.served(render.RAYJOB_API, "rayjobs")
+    training = None
+    if rayjob_served is not False:
+        training = await rt.client.get(api_version, kind, namespace, render.training_name(name))
     preflight_job = message = None
     if spec.preflight.enabled and training is None:
         job_name = render.preflight_job_name(name)
         preflight_job = await rt.client.get("batch/v1", "Job", namespace, job_name)
         if _finished_job(preflight_job):
             message = await _termination_message(rt, namespace, job_name)
-    rayjob_served = None
-    if spec.nodes > 1 and training is None:
-        rayjob_served = await rt.client.served(render.RAYJOB_API, "rayjobs")
     return lifecycle.Observed(
         pool=pool,
         preflight_job=preflight_job,
@@ -192,6 +193,10 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
                     plan = await reconcile(rt, key[0], name)
                 except (KubeError, aiohttp.ClientError, TimeoutError) as error:
                     logger.warning("TrainingRun %s/%s: %s; retrying", key[0], name, error)
+                    delay = RETRY_SECONDS
+                except Exception:
+                    # A bug must not stop the run's reconciles for kopf's minute of backoff.
+                    logger.exception("TrainingRun %s/%s: reconcile failed; retrying", key[0], name)
                     delay = RETRY_SECONDS
                 else:
                     if plan is None or plan.delete_run:

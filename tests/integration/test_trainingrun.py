@@ -1,0 +1,436 @@
+"""The TrainingRun operator against a real API server and controller manager.
+
+No kubelet runs here, so the tests do what one would: they report the pods the Job controller
+creates as ready, succeeded (with the preflight's termination message) or failed. Everything else
+is real: the gymkube-operator process, the EnvPool handlers making the pool Ready, the Job
+controller turning pod results into Job conditions, and garbage collection.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import kubernetes
+import pytest
+from controlplane import ControlPlane
+from gymkube_operator.crds.catalog import package_file
+from gymkube_operator.trainingrun.resource import TRAININGRUN
+from operator_support import (
+    Cluster,
+    OperatorProcess,
+    envpool,
+    eventually,
+    install_crds,
+)
+
+pytestmark = pytest.mark.integration
+
+GROUP, VERSION, PLURAL = "gymkube.io", "v1alpha1", "trainingruns"
+POOL = "lake"
+SUMMARY = {"ok": True, "episodes": 8, "env_errors": {}, "mean_score": 0.25}
+
+# Just enough of KubeRay's CRD for the API server to serve ray.io/v1 RayJob.
+RAYJOB_CRD: dict[str, Any] = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "rayjobs.ray.io"},
+    "spec": {
+        "group": "ray.io",
+        "scope": "Namespaced",
+        "names": {"kind": "RayJob", "plural": "rayjobs", "singular": "rayjob"},
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "x-kubernetes-preserve-unknown-fields": True,
+                    }
+                },
+                "subresources": {"status": {}},
+            }
+        ],
+    },
+}
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class Runs:
+    """Reads and writes on TrainingRuns and their children in one namespace."""
+
+    def __init__(self, client: kubernetes.client.ApiClient, namespace: str) -> None:
+        self.namespace = namespace
+        self.custom = kubernetes.client.CustomObjectsApi(client)
+        self.batch = kubernetes.client.BatchV1Api(client)
+        self.core = kubernetes.client.CoreV1Api(client)
+        self.api = client
+
+    def create(self, name: str, **spec: Any) -> None:
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "TrainingRun",
+            "metadata": {"name": name},
+            "spec": {"envPoolRef": {"name": POOL}, "model": {"path": "/models/q"}, **spec},
+        }
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, body)
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        try:
+            run: dict[str, Any] = self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, name
+            )
+        except kubernetes.client.ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return run
+
+    def patch(self, name: str, spec: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, name, {"spec": spec}
+        )
+
+    def condition(self, name: str, type_: str) -> dict[str, Any]:
+        run = self.get(name) or {}
+        for found in run.get("status", {}).get("conditions", []):
+            if found["type"] == type_:
+                return dict(found)
+        return {}
+
+    def wait_condition(
+        self, name: str, type_: str, status: str, reason: str | None = None, timeout: float = 30
+    ) -> dict[str, Any]:
+        def probe() -> dict[str, Any] | None:
+            found = self.condition(name, type_)
+            if found.get("status") == status and reason in (None, found.get("reason")):
+                return found
+            return None
+
+        return eventually(f"{name}: {type_}={status} ({reason})", probe, timeout)
+
+    def wait_phase(self, name: str, phase: str, timeout: float = 30) -> dict[str, Any]:
+        def probe() -> dict[str, Any] | None:
+            run = self.get(name) or {}
+            return run if run.get("status", {}).get("phase") == phase else None
+
+        return eventually(f"{name} in phase {phase}", probe, timeout)
+
+    def job(self, name: str) -> Any:
+        try:
+            return self.batch.read_namespaced_job(name, self.namespace)
+        except kubernetes.client.ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def children(self, run: str) -> set[tuple[str, str]]:
+        selector = f"gymkube.io/trainingrun={run}"
+        found = {
+            ("Job", j.metadata.name)
+            for j in self.batch.list_namespaced_job(self.namespace, label_selector=selector).items
+        }
+        found |= {
+            ("ConfigMap", c.metadata.name)
+            for c in self.core.list_namespaced_config_map(
+                self.namespace, label_selector=selector
+            ).items
+        }
+        return found
+
+    def job_pod(self, job: str) -> Any:
+        def probe() -> Any:
+            pods = self.core.list_namespaced_pod(
+                self.namespace, label_selector=f"batch.kubernetes.io/job-name={job}"
+            ).items
+            return pods[0] if pods else None
+
+        return eventually(f"a pod of Job {job} (from the Job controller)", probe)
+
+    def finish_pod(self, job: str, exit_code: int, message: str = "") -> None:
+        """What a kubelet reports when the pod's container exits."""
+        pod = self.job_pod(job)
+        container = pod.spec.containers[0]
+        terminated = {
+            "exitCode": exit_code,
+            "reason": "Completed" if exit_code == 0 else "Error",
+            "startedAt": now(),
+            "finishedAt": now(),
+            **({"message": message} if message else {}),
+        }
+        status = {
+            "phase": "Succeeded" if exit_code == 0 else "Failed",
+            "containerStatuses": [
+                {
+                    "name": container.name,
+                    "image": container.image,
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 0,
+                    "state": {"terminated": terminated},
+                }
+            ],
+        }
+        self.core.patch_namespaced_pod_status(pod.metadata.name, self.namespace, {"status": status})
+
+    def ready_pod(self, job: str) -> None:
+        pod = self.job_pod(job)
+        status = {
+            "phase": "Running",
+            "conditions": [
+                {"type": "Ready", "status": "True", "lastTransitionTime": now()},
+                {"type": "ContainersReady", "status": "True", "lastTransitionTime": now()},
+            ],
+        }
+        self.core.patch_namespaced_pod_status(pod.metadata.name, self.namespace, {"status": status})
+
+    def event_reasons(self, run: str) -> set[str]:
+        events = self.core.list_namespaced_event(
+            self.namespace,
+            field_selector=f"involvedObject.name={run},involvedObject.kind=TrainingRun",
+        ).items
+        return {e.reason for e in events}
+
+
+@pytest.fixture(scope="module")
+def crds(kube: ControlPlane) -> None:
+    install_crds(kube)
+    kube.kubectl("apply", "--server-side", "-f", str(package_file(TRAININGRUN)))
+    kube.kubectl("wait", "--for=condition=Established", f"crd/{TRAININGRUN.name}", "--timeout=60s")
+
+
+@pytest.fixture(scope="module")
+def runs(
+    kube: ControlPlane, crds: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Runs]:
+    """One namespace, one operator and one EnvPool for the whole module (the pool starts
+    missing; the first test makes it Ready)."""
+    namespace = f"trainingrun-{secrets.token_hex(3)}"
+    log = tmp_path_factory.mktemp("trainingrun") / "operator.log"
+    with kube.api_client() as client:
+        core = kubernetes.client.CoreV1Api(client)
+        core.create_namespace({"metadata": {"name": namespace}})
+        eventually(
+            "the namespace's default service account",
+            lambda: (
+                core.list_namespaced_service_account(
+                    namespace, field_selector="metadata.name=default"
+                ).items
+                or None
+            ),
+        )
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("GYMKUBE_TRAININGRUN_RESYNC_SECONDS", "1")
+            env.setenv("GYMKUBE_TRAINER_IMAGE", "reg.example/trainer:1")
+            env.setenv("GYMKUBE_PREFLIGHT_IMAGE", "reg.example/preflight:1")
+            operator = OperatorProcess(kube, namespace, log)
+        runs = Runs(client, namespace)
+        try:
+            yield runs
+            for plural in (PLURAL, "envpools"):
+                for item in runs.custom.list_namespaced_custom_object(
+                    GROUP, VERSION, namespace, plural
+                )["items"]:
+                    runs.custom.delete_namespaced_custom_object(
+                        GROUP, VERSION, namespace, plural, item["metadata"]["name"]
+                    )
+            eventually(
+                "runs and pools deleted (finalizers released)",
+                lambda: (
+                    all(
+                        not runs.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, p)[
+                            "items"
+                        ]
+                        for p in (PLURAL, "envpools")
+                    )
+                    or None
+                ),
+            )
+        finally:
+            operator.stop()
+            print(f"--- operator log ({log}) ---\n{operator.log_tail()}")
+            core.delete_namespace(namespace)
+
+
+def make_pool_ready(kube: ControlPlane, runs: Runs) -> str:
+    """The EnvPool handlers make the pool; the test plays kubelet for its pods."""
+    cluster = Cluster(runs.api, runs.namespace)
+    if cluster.get(POOL) is None:
+        cluster.create(envpool(POOL, replicas=1))
+
+    def marked() -> bool | None:
+        return True if cluster.mark_pods_ready(f"gymkube.io/envpool={POOL}") == 2 else None
+
+    eventually("pool pods from the StatefulSet and Deployment controllers", marked)
+    kube.kubectl(
+        "wait", "-n", runs.namespace, "--for=condition=Ready", f"envpool/{POOL}", "--timeout=60s"
+    )
+    pool = cluster.get(POOL) or {}
+    url: str = pool["status"]["url"]
+    return url
+
+
+def test_a_run_waits_for_its_pool_then_preflights_then_trains_then_fails(
+    kube: ControlPlane, runs: Runs
+) -> None:
+    runs.create("life", gpusPerNode=4, preflight={"episodes": 8})
+    waiting = runs.wait_condition("life", "EnvPoolReady", "False", "EnvPoolNotFound")
+    assert POOL in waiting["message"]
+    assert runs.wait_phase("life", "WaitingForEnvPool")
+    assert runs.children("life") == set()
+
+    url = make_pool_ready(kube, runs)
+    runs.wait_condition("life", "EnvPoolReady", "True")
+    runs.wait_condition("life", "PreflightPassed", "Unknown", "PreflightRunning")
+    # Only the CPU preflight exists: no GPU is asked for before it passes.
+    assert runs.children("life") == {("Job", "life-preflight")}
+    preflight = runs.job("life-preflight")
+    container = preflight.spec.template.spec.containers[0]
+    assert container.image == "reg.example/preflight:1"
+    assert url in container.command
+    assert container.termination_message_policy == "FallbackToLogsOnError"
+
+    runs.finish_pod("life-preflight", 0, json.dumps(SUMMARY, separators=(",", ":")))
+    passed = runs.wait_condition("life", "PreflightPassed", "True", "PreflightSucceeded")
+    assert json.loads(passed["message"]) == SUMMARY
+    run = runs.wait_phase("life", "Starting")
+    assert run["status"]["preflight"]["summary"] == SUMMARY
+    assert run["status"]["envPoolUrl"] == url
+    assert run["status"]["training"] == {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "name": "life-train",
+    }
+
+    train = runs.job("life-train")
+    assert train.metadata.owner_references[0].kind == "TrainingRun"
+    pod = train.spec.template.spec
+    trainer = pod.containers[0]
+    assert trainer.image == "reg.example/trainer:1"
+    assert trainer.command[:3] == ["python3", "-m", "verl.trainer.main_ppo"]
+    assert "trainer.n_gpus_per_node=4" in trainer.command
+    assert trainer.resources.limits["nvidia.com/gpu"] == "4"
+    assert {e.name: e.value for e in trainer.env}["GYMKUBE_ENV_URL"] == url
+    assert [c.name for c in pod.init_containers] == ["dataset-train", "dataset-val"]
+    shm = next(v for v in pod.volumes if v.name == "shm")
+    assert shm.empty_dir.medium == "Memory"
+    config = runs.core.read_namespaced_config_map("life-agent-loop", runs.namespace)
+    assert url in config.data["agent-loop.yaml"]
+
+    runs.ready_pod("life-train")
+    runs.wait_condition("life", "Running", "True", "TrainingRunning")
+    assert (runs.get("life") or {})["status"].get("startTime")
+
+    runs.finish_pod("life-train", 1)
+    failed = runs.wait_condition("life", "Failed", "True", "BackoffLimitExceeded")
+    assert "life-train" in failed["message"]
+    assert runs.condition("life", "Running")["status"] == "False"
+    assert (runs.get("life") or {})["status"].get("completionTime")
+    assert {
+        "EnvPoolNotFound",
+        "PreflightStarted",
+        "PreflightSucceeded",
+        "BackoffLimitExceeded",
+    } <= (eventually("events", lambda: runs.event_reasons("life") or None))
+    table = kube.kubectl("get", "trainingruns", "-n", runs.namespace).stdout
+    assert table.split()[:5] == ["NAME", "POOL", "PHASE", "NODES", "AGE"]
+    assert "Failed" in table
+
+
+def test_a_failed_preflight_fails_the_run_and_asks_for_no_gpu(
+    kube: ControlPlane, runs: Runs
+) -> None:
+    make_pool_ready(kube, runs)
+    runs.create("broken-env")
+    runs.wait_phase("broken-env", "Preflight")
+    summary = {"ok": False, "episodes": 8, "env_errors": {"500": 8}}
+    runs.finish_pod("broken-env-preflight", 1, json.dumps(summary))
+    failed = runs.wait_condition("broken-env", "Failed", "True", "PreflightFailed")
+    assert '"500": 8' in failed["message"]
+    assert runs.children("broken-env") == {("Job", "broken-env-preflight")}
+
+
+def test_suspend_and_resume(kube: ControlPlane, runs: Runs) -> None:
+    make_pool_ready(kube, runs)
+    runs.create("pause", suspend=True, preflight={"enabled": False})
+    runs.wait_condition("pause", "Suspended", "True", "Suspended")
+    assert runs.children("pause") == set()
+
+    runs.patch("pause", {"suspend": False})
+    eventually("the training Job", lambda: runs.job("pause-train"))
+    assert runs.job("pause-train").spec.suspend is False
+
+    runs.patch("pause", {"suspend": True})
+    eventually("the Job suspended", lambda: runs.job("pause-train").spec.suspend or None)
+    runs.wait_phase("pause", "Suspended")
+    runs.patch("pause", {"suspend": False})
+    eventually("the Job resumed", lambda: runs.job("pause-train").spec.suspend is False or None)
+    runs.wait_condition("pause", "Suspended", "False")
+
+
+def test_queue_name_hands_admission_to_kueue(kube: ControlPlane, runs: Runs) -> None:
+    make_pool_ready(kube, runs)
+    runs.create("queued", queueName="gpu-queue", preflight={"enabled": False})
+    runs.wait_condition("queued", "Suspended", "True", "WaitingForAdmission")
+    job = runs.job("queued-train")
+    assert job.metadata.labels["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+    assert job.spec.suspend is True
+    # Kueue admits the workload by unsuspending it; the operator must not suspend it again.
+    runs.batch.patch_namespaced_job("queued-train", runs.namespace, {"spec": {"suspend": False}})
+    runs.wait_phase("queued", "Starting")
+    time.sleep(2)  # a few resyncs
+    assert runs.job("queued-train").spec.suspend is False
+
+
+def test_ttl_deletes_the_finished_run_and_its_children(kube: ControlPlane, runs: Runs) -> None:
+    make_pool_ready(kube, runs)
+    runs.create("short", ttlSecondsAfterFinished=2, preflight={"enabled": False})
+    eventually("the training Job", lambda: runs.job("short-train"))
+    runs.finish_pod("short-train", 0)
+    runs.wait_condition("short", "Succeeded", "True", "TrainingSucceeded")
+    eventually("the run deleted by its TTL", lambda: runs.get("short") is None or None)
+    eventually(
+        "its Job and ConfigMap garbage-collected",
+        lambda: runs.children("short") == set() or None,
+    )
+
+
+def test_several_nodes_need_kuberay(kube: ControlPlane, runs: Runs) -> None:
+    make_pool_ready(kube, runs)
+    runs.create("no-ray", nodes=2, gpusPerNode=8)
+    failed = runs.wait_condition("no-ray", "Failed", "True", "RayJobCRDMissing")
+    assert "KubeRay" in failed["message"]
+    assert runs.children("no-ray") == set()
+
+    kube.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(RAYJOB_CRD))
+    try:
+        kube.kubectl("wait", "--for=condition=Established", "crd/rayjobs.ray.io", "--timeout=60s")
+        runs.create("ray", nodes=2, gpusPerNode=8, preflight={"enabled": False})
+        runs.wait_phase("ray", "Starting")
+        rayjob = runs.custom.get_namespaced_custom_object(
+            "ray.io", "v1", runs.namespace, "rayjobs", "ray-train"
+        )
+        spec = rayjob["spec"]
+        assert spec["shutdownAfterJobFinishes"] is True
+        assert "trainer.nnodes=2" in spec["entrypoint"]
+        (workers,) = spec["rayClusterSpec"]["workerGroupSpecs"]
+        assert workers["replicas"] == 1
+        runs.custom.patch_namespaced_custom_object_status(
+            "ray.io",
+            "v1",
+            runs.namespace,
+            "rayjobs",
+            "ray-train",
+            {"status": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}},
+        )
+        runs.wait_condition("ray", "Running", "True", "TrainingRunning")
+    finally:
+        kube.kubectl("delete", "crd", "rayjobs.ray.io", "--wait=false")
