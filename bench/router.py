@@ -144,6 +144,10 @@ class Connection(asyncio.Protocol):
         )
         return await self._waiter
 
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
     async def json(self, method: str, path: str, payload: Any = None) -> Any:
         status, body = await self.request(method, path, json.dumps(payload).encode())
         if status != 200:
@@ -168,7 +172,21 @@ class Session:
     backend_address: str
     backend_id: str
     data_idx: int
-    steps: int = 0
+
+
+@dataclass(frozen=True)
+class Route:
+    """One way to reach a session: through a proxy process, or straight to its env server."""
+
+    name: str
+    proc: Proc | None = None
+    routed: bool = False  # the proxy takes router session ids (else the server's own ids)
+
+    def address(self, session: Session) -> str:
+        return self.proc.address if self.proc is not None else session.backend_address
+
+    def session_id(self, session: Session) -> str:
+        return session.routed_id if self.routed else session.backend_id
 
 
 @dataclass
@@ -180,76 +198,94 @@ class Window:
 
 
 class Load:
+    """Sessions stepping in a closed loop; each cycles through its own list of routes.
+
+    Cycling per step (router, direct, router, ...) compares two routes on the same sessions at
+    the same moments, so a shared, noisy machine weighs on both sides alike.
+    """
+
     def __init__(self, sessions: list[Session], actions: list[str], think: float) -> None:
         self.sessions = sessions
         self.actions = actions
         self.think = think
-        self.window: Window | None = None
+        self.windows: dict[str, Window] | None = None
 
     async def run(
-        self, target: Proc | None, seconds: float, routed: bool, warmup: float = 1.0
-    ) -> Window:
-        """Drive every session through ``target`` (a proxy), or directly when None.
-
-        ``routed``: the target takes router session ids; otherwise the backend's own ids.
-        """
+        self, plans: list[list[Route]], seconds: float, warmup: float = 1.0
+    ) -> dict[str, Window]:
         stop = asyncio.Event()
-        address = target.address if target is not None else None
-        tasks = [asyncio.create_task(self._drive(s, address, routed, stop)) for s in self.sessions]
-        pid = target.popen.pid if target is not None and target.popen is not None else None
+        tasks = [
+            asyncio.create_task(self._drive(session, plan, stop))
+            for session, plan in zip(self.sessions, plans, strict=True)
+        ]
+        paths = {path.name: path for plan in plans for path in plan}
+        pids = {
+            name: path.proc.popen.pid
+            for name, path in paths.items()
+            if path.proc is not None and path.proc.popen is not None
+        }
         await asyncio.sleep(warmup)
-        self.window = window = Window()
-        cpu_before = cpu_seconds(pid) if pid else 0.0
+        windows = {name: Window() for name in paths}
+        cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        self.windows = windows
         await asyncio.sleep(seconds)
-        window.cpu_seconds = cpu_seconds(pid) - cpu_before if pid else 0.0
-        self.window = None
+        self.windows = None
+        for name, pid in pids.items():
+            windows[name].cpu_seconds = cpu_seconds(pid) - cpu_before[name]
         stop.set()
         await asyncio.gather(*tasks)
-        return window
+        return windows
 
-    async def _drive(
-        self, session: Session, target: str | None, routed: bool, stop: asyncio.Event
-    ) -> None:
-        connection = await connect(target or session.backend_address)
-        session_id = session.routed_id if routed else session.backend_id
-        step_bodies = [
-            json.dumps({"id": session_id, "action": action}).encode() for action in self.actions
+    async def _drive(self, session: Session, plan: list[Route], stop: asyncio.Event) -> None:
+        connections = [await connect(path.address(session)) for path in plan]
+        steps = [
+            [
+                json.dumps({"id": path.session_id(session), "action": action}).encode()
+                for action in self.actions
+            ]
+            for path in plan
         ]
-        reset_body = json.dumps({"id": session_id, "data_idx": session.data_idx}).encode()
+        resets = [
+            json.dumps({"id": path.session_id(session), "data_idx": session.data_idx}).encode()
+            for path in plan
+        ]
+        turn = 0
         try:
             while not stop.is_set():
-                body = step_bodies[session.steps % len(step_bodies)]
+                which = turn % len(plan)
+                connection, name = connections[which], plan[which].name
+                body = steps[which][(turn // len(plan)) % len(self.actions)]
+                turn += 1
                 started = time.perf_counter()
                 status, reply = await connection.request("POST", "/step", body)
                 took = time.perf_counter() - started
-                session.steps += 1
-                if status == 409:  # the episode ended on a step we did not see done
-                    status, reply = await connection.request("POST", "/reset", reset_body)
-                    self._count(None)
+                if status == 409:  # the episode ended on a step that went another way
+                    await connection.request("POST", "/reset", resets[which])
+                    self._count(name, None)
                     continue
                 if status != 200:
-                    raise RuntimeError(f"step answered {status}: {reply[:300]!r}")
-                self._count(took)
+                    raise RuntimeError(f"{name} step answered {status}: {reply[:300]!r}")
+                self._count(name, took)
                 if b'"done":true' in reply:
-                    status, reply = await connection.request("POST", "/reset", reset_body)
-                    self._count(None)
+                    await connection.request("POST", "/reset", resets[which])
+                    self._count(name, None)
                 if self.think:
                     await asyncio.sleep(self.think)
         finally:
-            assert connection._transport is not None
-            connection._transport.close()
+            for connection in connections:
+                connection.close()
 
-    def _count(self, step_latency: float | None) -> None:
-        window = self.window
-        if window is None:
+    def _count(self, path: str, step_latency: float | None) -> None:
+        if self.windows is None:
             return
+        window = self.windows[path]
         window.requests += 1
         if step_latency is not None:
             window.steps += 1
             window.step_latencies.append(step_latency)
 
 
-async def open_sessions(router: Proc, count: int) -> list[Session]:
+async def open_sessions(router: Proc, count: int, data_idx: int | None = None) -> list[Session]:
     from gymkube_envserver.router_pool import token_address
 
     connection = await connect(router.address)
@@ -259,30 +295,30 @@ async def open_sessions(router: Proc, count: int) -> list[Session]:
         token, _, backend_id = routed_id.partition(".")
         address = token_address(token)
         assert address is not None
-        await connection.json("POST", "/reset", {"id": routed_id, "data_idx": index})
-        sessions.append(Session(routed_id, address, backend_id, index))
+        idx = index if data_idx is None else data_idx
+        await connection.json("POST", "/reset", {"id": routed_id, "data_idx": idx})
+        sessions.append(Session(routed_id, address, backend_id, idx))
+    connection.close()
     return sessions
 
 
 def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads), from /proc/<pid>/stat."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def measured(
-    load: Load, target: Proc | None, seconds: float, routed: bool = False
-) -> dict[str, Any]:
-    window = await load.run(target, seconds, routed)
-    return {
-        "requests": window.requests,
-        "steps_per_s": window.steps / seconds,
-        "step_latencies": window.step_latencies,
-        "cpu_us_per_request": window.cpu_seconds / max(window.requests, 1) * 1e6,
-    }
-
-
 def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=1000, method="inclusive")[int(q * 10) - 1]
+
+
+def merge(into: dict[str, Window], windows: dict[str, Window]) -> None:
+    for name, window in windows.items():
+        total = into.setdefault(name, Window())
+        total.requests += window.requests
+        total.steps += window.steps
+        total.step_latencies += window.step_latencies
+        total.cpu_seconds += window.cpu_seconds
 
 
 # -- the three measurements --------------------------------------------------------------------
@@ -291,29 +327,31 @@ def percentile(values: list[float], q: float) -> float:
 async def bench_cpu(procs: Procs, window: float, rounds: int) -> dict[str, Any]:
     backend = procs.env_server(max_sessions=64, warm=4)
     router = procs.router_for([backend], fast_polling=False)
-    naive = procs.start(
+    plain = procs.start(
         Proc(
             "plain aiohttp proxy",
             [SCRIPT, "naive-proxy", "--backend", backend.address],
             launcher=["-P"],
         )
     )
-    wait_all(backend, router, naive)
-    load = Load(await open_sessions(router, 32), FROZEN_LAKE_MOVES, think=0.0)
-    runs: dict[str, list[dict[str, Any]]] = {"router": [], "plain_aiohttp_proxy": []}
+    wait_all(backend, router, plain)
+    sessions = await open_sessions(router, 32)
+    load = Load(sessions, FROZEN_LAKE_MOVES, think=0.0)
+    plan = [Route("router", router, routed=True), Route("plain_aiohttp_proxy", plain)]
+    totals: dict[str, Window] = {}
     for _ in range(rounds):
-        runs["router"].append(await measured(load, router, window, routed=True))
-        runs["plain_aiohttp_proxy"].append(await measured(load, naive, window))
+        merge(totals, await load.run([plan] * len(sessions), window))
     summary = {
         name: {
-            "cpu_us_per_request": statistics.mean(r["cpu_us_per_request"] for r in results),
-            "requests_per_s": statistics.mean(r["requests"] for r in results) / window,
+            "cpu_us_per_request": total.cpu_seconds / max(total.requests, 1) * 1e6,
+            "requests_per_s": total.requests / (window * rounds),
         }
-        for name, results in runs.items()
+        for name, total in totals.items()
     }
     router_us = summary["router"]["cpu_us_per_request"]
     return {
-        "setup": "1 FrozenLake server, 32 sessions stepping without think time",
+        "setup": "1 FrozenLake server, 32 sessions without think time, each step alternating "
+        "router / plain proxy",
         **summary,
         "router_vs_plain_proxy": router_us / summary["plain_aiohttp_proxy"]["cpu_us_per_request"],
         "target_us": TARGET_CPU_US,
@@ -325,14 +363,16 @@ async def bench_latency(procs: Procs, window: float, rounds: int) -> dict[str, A
     backends = [procs.env_server(max_sessions=40, warm=4) for _ in range(2)]
     router = procs.router_for(backends, fast_polling=False)
     wait_all(*backends, router)
-    load = Load(await open_sessions(router, 64), FROZEN_LAKE_MOVES, think=0.05)
-    direct: list[float] = []
-    routed: list[float] = []
+    sessions = await open_sessions(router, 64)
+    load = Load(sessions, FROZEN_LAKE_MOVES, think=0.05)
+    plan = [Route("router", router, routed=True), Route("direct")]
+    totals: dict[str, Window] = {}
     for _ in range(rounds):
-        direct += (await measured(load, None, window))["step_latencies"]
-        routed += (await measured(load, router, window, routed=True))["step_latencies"]
+        merge(totals, await load.run([plan] * len(sessions), window))
+    direct, routed = totals["direct"].step_latencies, totals["router"].step_latencies
     result: dict[str, Any] = {
-        "setup": "2 FrozenLake servers, 64 sessions, 50 ms think time",
+        "setup": "2 FrozenLake servers, 64 sessions, 50 ms think time, each step alternating "
+        "router / direct",
         "samples": {"direct": len(direct), "router": len(routed)},
     }
     for name, q in (("p50", 50), ("p99", 99)):
@@ -342,6 +382,7 @@ async def bench_latency(procs: Procs, window: float, rounds: int) -> dict[str, A
             "router_ms": routed_ms,
             "added_ms": routed_ms - direct_ms,
         }
+    result["inside_router_ms"] = await inside_router_quantiles(router)
     result["targets_ms"] = {"p50": TARGET_ADDED_P50_MS, "p99": TARGET_ADDED_P99_MS}
     result["meets_target"] = (
         result["p50"]["added_ms"] <= TARGET_ADDED_P50_MS
@@ -350,27 +391,50 @@ async def bench_latency(procs: Procs, window: float, rounds: int) -> dict[str, A
     return result
 
 
+async def inside_router_quantiles(router: Proc) -> dict[str, float]:
+    """p50/p99 of the router's own added-latency histogram for /step (bucket upper bounds)."""
+    connection = await connect(router.address)
+    _, text = await connection.request("GET", "/metrics")
+    connection.close()
+    prefix = 'gymkube_router_added_latency_seconds_bucket{endpoint="/step",le="'
+    buckets = [
+        (float(line[len(prefix) :].split('"')[0]), float(line.rsplit(" ", 1)[1]))
+        for line in text.decode().splitlines()
+        if line.startswith(prefix)
+    ]
+    total = buckets[-1][1]
+    return {
+        f"p{q}_at_most": next(bound for bound, count in buckets if count >= total * q / 100) * 1e3
+        for q in (50, 99)
+    }
+
+
 async def bench_sciworld(procs: Procs, window: float, rounds: int) -> dict[str, Any]:
-    per_backend = 3
+    per_backend = 4
     backends = [
         procs.env_server(max_sessions=per_backend, warm=per_backend, env="sciworld")
         for _ in range(2)
     ]
     router = procs.router_for(backends, fast_polling=False)
     wait_all(*backends, router)
-    load = Load(
-        await open_sessions(router, 2 * per_backend), ["look around", "inventory"], think=0.0
-    )
-    direct: list[float] = []
-    routed: list[float] = []
-    for _ in range(rounds):
-        direct.append((await measured(load, None, window))["steps_per_s"])
-        routed.append((await measured(load, router, window, routed=True))["steps_per_s"])
-    ratio = statistics.mean(routed) / statistics.mean(direct)
+    # One task for every session, so the two halves do the same work.
+    sessions = await open_sessions(router, 2 * per_backend, data_idx=0)
+    load = Load(sessions, ["look around", "inventory"], think=0.0)
+    routed, direct = Route("router", router, routed=True), Route("direct")
+    totals: dict[str, Window] = {}
+    for turn in range(rounds):
+        # Half the sessions of each server go through the router, half direct; swapped each
+        # round so no session's speed favours one side.
+        plans = [[routed if (i + turn) % 2 else direct] for i in range(len(sessions))]
+        merge(totals, await load.run(plans, window))
+    router_rate = totals["router"].steps / (window * rounds)
+    direct_rate = totals["direct"].steps / (window * rounds)
+    ratio = router_rate / direct_rate
     return {
-        "setup": f"2 ScienceWorld servers, {2 * per_backend} sessions without think time",
-        "direct_steps_per_s": direct,
-        "router_steps_per_s": routed,
+        "setup": f"2 ScienceWorld servers, {len(sessions)} sessions without think time, half "
+        "through the router, half direct, at the same time",
+        "direct_steps_per_s": direct_rate,
+        "router_steps_per_s": router_rate,
         "ratio": ratio,
         "target_ratio": TARGET_SCIWORLD_RATIO,
         "meets_target": ratio >= TARGET_SCIWORLD_RATIO,

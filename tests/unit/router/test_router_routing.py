@@ -137,6 +137,9 @@ def test_ids_the_router_never_issued_are_unknown_sessions(pool: Pool) -> None:
         response = http.post("/step", content=b"not json")
         assert response.status_code == 422
         assert response.json()["error"]["code"] == "bad_request"
+        response = http.post("/step", content=b" " * (2 * 2**20))
+        assert response.status_code == 413
+        assert response.json()["error"]["code"] == "payload_too_large"
 
 
 def test_agentgym_client_flow_works_unchanged(pool: Pool) -> None:
@@ -188,8 +191,8 @@ async def test_seed_agentloop_flow_works_unchanged(pool: Pool) -> None:
 
 def test_tasks_status_metrics_and_probes(pool: Pool) -> None:
     with client(pool.router) as http:
-        direct_tasks = httpx.get(pool.small.url + "/tasks").content
-        assert http.get("/tasks").content == direct_tasks
+        for path in ("/tasks", "/"):
+            assert http.get(path).content == httpx.get(pool.small.url + path).content
         assert http.get("/healthz").status_code == 200
         assert http.get("/readyz").json()["ready"] is True
         session_id = create(http)

@@ -19,7 +19,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from multidict import CIMultiDict
+from multidict import MultiDict
 from pydantic import BaseModel, ValidationError
 from pydantic_settings import SettingsError
 
@@ -35,7 +35,9 @@ _REQUEST_HEADERS = {"Content-Type": JSON}
 # Backend responses that carry the session id and therefore need it rewritten.
 _ID_RESPONSES = frozenset({"/create", "/reset", "/close", "/detail", "/observation"})
 # Endpoints served by the router itself or not tied to a session.
-_POOL_ENDPOINTS = frozenset({"/healthz", "/readyz", "/status", "/metrics", "/tasks", "/create"})
+_POOL_ENDPOINTS = frozenset(
+    {"/", "/healthz", "/readyz", "/status", "/metrics", "/tasks", "/create"}
+)
 
 
 class BackendView(BaseModel):
@@ -98,7 +100,8 @@ class Router:
             ("GET", "/readyz"): self._readyz,
             ("GET", "/status"): self._status,
             ("GET", "/metrics"): self._metrics_text,
-            ("GET", "/tasks"): self._tasks,
+            ("GET", "/tasks"): self._any_backend,
+            ("GET", "/"): self._any_backend,
             ("POST", "/create"): self._create,
         }
 
@@ -155,6 +158,10 @@ class Router:
                 )
         except RoutingError as exc:
             response = _error(exc, self.settings.retry_after)
+        except web.HTTPRequestEntityTooLarge as exc:
+            response = _json_response(
+                413, error_body(ErrorCode.PAYLOAD_TOO_LARGE, exc.text or "request body too large")
+            )
         except Exception:
             log.exception("router failed on %s %s", request.method, path)
             response = _json_response(
@@ -195,7 +202,7 @@ class Router:
         if session_id is None:
             raise RoutingError(ErrorCode.NOT_FOUND, f"no endpoint GET {path} without ?id=")
         backend, backend_id = await self.pool.lookup(session_id)
-        query = CIMultiDict(request.query)
+        query = MultiDict(request.query)
         query["id"] = backend_id
         status, payload, headers = await self._forward(request, backend, "GET", path, None, query)
         return self._respond(backend, path, status, payload, headers)
@@ -309,11 +316,12 @@ class Router:
             backend.placed += 1
             return self._respond(backend, "/create", status, payload, headers)
 
-    async def _tasks(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def _any_backend(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Pool-wide facts every env server answers alike (``/tasks``, ``/``)."""
         backend = self.pool.any_ready()
         if backend is None:
             raise RoutingError(ErrorCode.AT_CAPACITY, "no env server in the pool is ready")
-        status, payload, headers = await self._forward(request, backend, "GET", "/tasks", None)
+        status, payload, headers = await self._forward(request, backend, "GET", request.path, None)
         return web.Response(body=payload, status=status, headers=headers)
 
     async def _healthz(self, request: web.BaseRequest) -> web.StreamResponse:
