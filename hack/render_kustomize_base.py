@@ -91,18 +91,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--check", action="store_true", help="only report stale files")
     options = parser.parse_args()
-    stale = [
-        path
-        for path, text in wanted_files().items()
-        if not path.is_file() or path.read_text() != text
-    ]
+    files = wanted_files()
+    stale = [path for path, text in files.items() if not path.is_file() or path.read_text() != text]
     if options.check:
         for path in stale:
             print(f"out of date: {path.relative_to(REPO_ROOT)} (run hack/render_kustomize_base.py)")
         sys.exit(1 if stale else 0)
-    for path, text in wanted_files().items():
+    for path in stale:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        path.write_text(files[path])
         print(f"wrote {path.relative_to(REPO_ROOT)}")
 
 

@@ -1,6 +1,8 @@
 {{- /*
 Everything the operator does, and nothing more. Cluster mode (no watchNamespaces): one ClusterRole.
 Namespaced mode: the same rules in a Role per watched namespace, and no cluster-wide permission.
+"Server-side applied" needs two verbs: create for an object that does not exist yet, patch after.
+tests/integration/test_packaging.py checks these rules against the operator's needs.
 */}}
 {{- define "gymkube.operatorRules" -}}
 # kopf watches EnvPools and TrainingRuns and patches its finalizer and progress annotations onto

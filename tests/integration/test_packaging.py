@@ -1,0 +1,343 @@
+"""The Helm chart and the kustomize overlays install on a real API server, and the operator's
+ServiceAccount can do exactly what the operator does."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from controlplane import REPO_ROOT, ControlPlane, KubectlError
+from gymkube_operator.envpool.builders import build_children, owner, parse_spec
+from gymkube_operator.settings import OperatorSettings
+
+pytestmark = pytest.mark.integration
+
+CHART = REPO_ROOT / "charts" / "gymkube"
+SCENARIOS = sorted((CHART / "ci").glob("*-values.yaml"))
+OVERLAYS = sorted(
+    p.parent for p in (REPO_ROOT / "kustomize" / "overlays").glob("*/kustomization.yaml")
+)
+BASE_NAMESPACE = "gymkube-system"
+RELEASE = "gymkube"
+# The Prometheus Operator release whose ServiceMonitor CRD the chart's ServiceMonitor is checked
+# against (fetched once through the Go module proxy into the module cache).
+PROMETHEUS_OPERATOR_MODULE = "github.com/prometheus-operator/prometheus-operator@v0.85.0"
+SERVICEMONITOR_CRD = "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml"
+TIMEOUT_S = 120
+
+# What the operator does through the API, as (verb, group, resource): kopf's watches and patches,
+# the builders' server-side applies, the watchdog's pod deletions, status writes and events.
+OPERATOR_NEEDS: frozenset[tuple[str, str, str]] = frozenset(
+    {(verb, "gymkube.io", kind) for verb in ("get", "list", "watch", "patch")
+     for kind in ("envpools", "trainingruns")}
+    | {("delete", "gymkube.io", "trainingruns")}
+    | {("patch", "gymkube.io", "envpools/status"), ("patch", "gymkube.io", "trainingruns/status")}
+    | {("update", "gymkube.io", "envpools/finalizers"),
+       ("update", "gymkube.io", "trainingruns/finalizers")}
+    | {(verb, "apps", kind) for verb in ("list", "watch", "create", "patch")
+       for kind in ("statefulsets", "deployments")}
+    | {(verb, "", kind) for verb in ("create", "patch") for kind in ("services", "configmaps")}
+    | {("create", "policy", "poddisruptionbudgets"), ("patch", "policy", "poddisruptionbudgets")}
+    | {(verb, "", "pods") for verb in ("list", "watch", "delete")}
+    | {(verb, group, kind) for verb in ("get", "list", "watch", "create", "patch")
+       for group, kind in (("batch", "jobs"), ("ray.io", "rayjobs"))}
+    | {("create", "", "events")}
+)  # fmt: skip
+# Things a compromised operator must not be able to do anywhere.
+NEVER_ALLOWED = [
+    ("get", "", "secrets"),
+    ("list", "", "secrets"),
+    ("create", "", "pods"),
+    ("create", "", "pods/exec"),
+    ("update", "apps", "statefulsets"),
+    ("delete", "apps", "deployments"),
+    ("delete", "gymkube.io", "envpools"),
+    ("create", "rbac.authorization.k8s.io", "roles"),
+    ("create", "", "serviceaccounts/token"),
+]
+
+
+def tool(kube: ControlPlane, name: str, *args: str, input: str | None = None) -> str:
+    done = subprocess.run(
+        [str(kube.bin_dir / name), *args],
+        input=input, capture_output=True, text=True, env=kube.env(), timeout=TIMEOUT_S,
+    )  # fmt: skip
+    if done.returncode != 0:
+        pytest.fail(f"{name} {' '.join(args)} failed:\n{done.stderr}")
+    return done.stdout
+
+
+def helm_template(kube: ControlPlane, namespace: str, *args: str) -> str:
+    return tool(
+        kube, "helm", "template", RELEASE, str(CHART), "--namespace", namespace,
+        "--kube-version", kube_version(kube), *args,
+    )  # fmt: skip
+
+
+def kube_version(kube: ControlPlane) -> str:
+    version: dict[str, Any] = json.loads(kube.kubectl("version", "-o", "json").stdout)
+    return str(version["serverVersion"]["gitVersion"])
+
+
+def dry_run(kube: ControlPlane, manifests: str) -> list[str]:
+    """Server-side dry-run apply; returns kubectl's `<kind>/<name> ... (server dry run)` lines."""
+    result = kube.kubectl(
+        "apply", "--server-side", "--dry-run=server", "--field-manager=gymkube-packaging-test",
+        "-f", "-", input=manifests,
+    )  # fmt: skip
+    return result.stdout.splitlines()
+
+
+def ensure_namespace(kube: ControlPlane, name: str) -> None:
+    manifest = yaml.safe_dump({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    kube.kubectl("apply", "--server-side", "-f", "-", input=manifest)
+
+
+@pytest.fixture(scope="module")
+def crds(kube: ControlPlane) -> None:
+    """The chart's CRDs (generated from the operator's models), applied and established."""
+    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
+    kube.kubectl(
+        "wait", "--for=condition=Established", f"--timeout={TIMEOUT_S}s",
+        "crd/envpools.gymkube.io", "crd/trainingruns.gymkube.io",
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def servicemonitor_crd(kube: ControlPlane) -> None:
+    """The real ServiceMonitor CRD of the Prometheus Operator, from its Go module."""
+    download = subprocess.run(
+        ["go", "mod", "download", "-json", PROMETHEUS_OPERATOR_MODULE],
+        capture_output=True, text=True, timeout=600, cwd=kube.workdir,
+    )  # fmt: skip
+    if download.returncode != 0:
+        pytest.fail(f"go mod download {PROMETHEUS_OPERATOR_MODULE}: {download.stdout}")
+    crd = Path(json.loads(download.stdout)["Dir"]) / SERVICEMONITOR_CRD
+    kube.kubectl("apply", "--server-side", "-f", str(crd))
+    kube.kubectl(
+        "wait", "--for=condition=Established", f"--timeout={TIMEOUT_S}s",
+        "crd/servicemonitors.monitoring.coreos.com",
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def watched_namespaces(kube: ControlPlane) -> Iterator[None]:
+    """The namespaces the namespaced-mode scenario watches (its Roles live there)."""
+    values = yaml.safe_load((CHART / "ci" / "namespaced-values.yaml").read_text())
+    for name in values["watchNamespaces"]:
+        ensure_namespace(kube, name)
+    yield
+    for name in values["watchNamespaces"]:
+        kube.kubectl("delete", "namespace", name, "--wait=false")
+
+
+@pytest.fixture(scope="module")
+def base_namespace(kube: ControlPlane) -> Iterator[None]:
+    """gymkube-system, which the kustomize base puts its namespaced objects into."""
+    ensure_namespace(kube, BASE_NAMESPACE)
+    yield
+    kube.kubectl("delete", "namespace", BASE_NAMESPACE, "--wait=false")
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda p: p.name)
+def test_helm_lint_is_clean(kube: ControlPlane, scenario: Path) -> None:
+    output = tool(
+        kube, "helm", "lint", "--strict", str(CHART), "--values", str(scenario),
+        "--kube-version", kube_version(kube),
+    )  # fmt: skip
+    assert "0 chart(s) failed" in output
+
+
+@pytest.mark.parametrize(
+    ("setting", "complaint"),
+    [
+        ("imagee.tag=1", "additional properties 'imagee' not allowed"),
+        ("logLevel=verbose", "value must be one of"),
+        ("watchNamespaces[0]=Not_A_Namespace", "does not match pattern"),
+        ("defaultImages.pullPolicy=Sometimes", "value must be one of"),
+    ],
+)
+def test_values_schema_rejects_typos_and_bad_values(
+    kube: ControlPlane, setting: str, complaint: str
+) -> None:
+    done = subprocess.run(
+        [str(kube.bin_dir / "helm"), "template", RELEASE, str(CHART), "--set", setting,
+         "--kube-version", kube_version(kube)],
+        capture_output=True, text=True, timeout=TIMEOUT_S,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert complaint in done.stderr
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda p: p.name)
+@pytest.mark.usefixtures("crds", "servicemonitor_crd", "watched_namespaces")
+def test_chart_scenario_passes_server_side_dry_run(
+    kube: ControlPlane, namespace: str, scenario: Path
+) -> None:
+    manifests = helm_template(kube, namespace, "--values", str(scenario))
+    applied = dry_run(kube, manifests)
+    assert any(line.startswith(f"deployment.apps/{RELEASE}") for line in applied), applied
+    assert all(line.endswith("(server dry run)") for line in applied), applied
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
+@pytest.mark.usefixtures("crds", "base_namespace")
+def test_kustomize_overlay_passes_server_side_dry_run(kube: ControlPlane, overlay: Path) -> None:
+    applied = dry_run(kube, tool(kube, "kustomize", "build", str(overlay)))
+    kinds = {line.split("/", 1)[0] for line in applied}
+    assert {
+        "customresourcedefinition.apiextensions.k8s.io",
+        "clusterrole.rbac.authorization.k8s.io",
+        "deployment.apps",
+        "serviceaccount",
+    } <= kinds, applied
+
+
+def test_kustomize_base_is_the_rendered_chart() -> None:
+    done = subprocess.run(
+        [str(REPO_ROOT / ".venv" / "bin" / "python"), "hack/render_kustomize_base.py", "--check"],
+        capture_output=True, text=True, cwd=REPO_ROOT, timeout=TIMEOUT_S,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+# --- what the operator's ServiceAccount may do ---------------------------------------------------
+
+
+@pytest.fixture
+def install_rbac(kube: ControlPlane, namespace: str) -> Iterator[Callable[..., str]]:
+    """Really applies the chart's ServiceAccount and RBAC into the test's namespace (with extra
+    helm arguments); returns the ServiceAccount's user name. Removes them, cluster-wide ones too."""
+    installed: list[str] = []
+
+    def install(*args: str) -> str:
+        manifests = helm_template(
+            kube, namespace, "--show-only", "templates/serviceaccount.yaml",
+            "--show-only", "templates/rbac.yaml", *args,
+        )  # fmt: skip
+        kube.kubectl("apply", "--server-side", "-f", "-", input=manifests)
+        installed.append(manifests)
+        return f"system:serviceaccount:{namespace}:{RELEASE}"
+
+    yield install
+    for manifests in installed:
+        kube.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-", input=manifests)
+
+
+def can_i(kube: ControlPlane, user: str, verb: str, group: str, resource: str, ns: str) -> bool:
+    """A SubjectAccessReview for the ServiceAccount user, with the groups the API server gives it
+    (it works for resources whose CRD is not installed, such as KubeRay's RayJob here)."""
+    kind, _, subresource = resource.partition("/")
+    service_account_namespace = user.split(":")[2]
+    review = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": user,
+            "groups": [
+                "system:serviceaccounts",
+                f"system:serviceaccounts:{service_account_namespace}",
+                "system:authenticated",
+            ],
+            "resourceAttributes": {
+                "namespace": ns, "verb": verb, "group": group,
+                "resource": kind, "subresource": subresource,
+            },
+        },
+    }  # fmt: skip
+    answer = kube.kubectl(
+        "create", "--validate=false", "-f", "-", "-o", "json", input=json.dumps(review)
+    ).stdout
+    return bool(json.loads(answer)["status"].get("allowed", False))
+
+
+def granted(kube: ControlPlane, user: str, namespace: str) -> set[tuple[str, str, str]]:
+    """Every (verb, group, resource) the user may use in the namespace (a SelfSubjectRulesReview),
+    less what every authenticated user may do (the same review for a user without bindings)."""
+
+    def review(as_user: str) -> set[tuple[str, str, str]]:
+        body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectRulesReview",
+                "spec": {"namespace": namespace}}  # fmt: skip
+        result = json.loads(
+            kube.kubectl(
+                "create",
+                "--validate=false",
+                "-f",
+                "-",
+                "-o",
+                "json",
+                f"--as={as_user}",
+                input=json.dumps(body),
+            ).stdout
+        )
+        return {
+            (verb, group, resource)
+            for rule in result["status"]["resourceRules"]
+            for verb in rule["verbs"]
+            for group in rule.get("apiGroups", [])
+            for resource in rule.get("resources", [])
+        }
+
+    return review(user) - review("gymkube-packaging-test:nobody")
+
+
+@pytest.mark.usefixtures("crds")
+def test_cluster_mode_grants_exactly_what_the_operator_uses(
+    kube: ControlPlane, namespace: str, install_rbac: Callable[..., str]
+) -> None:
+    user = install_rbac()
+    crd_watch = {(verb, "apiextensions.k8s.io", "customresourcedefinitions")
+                 for verb in ("list", "watch")}  # fmt: skip
+    # The ClusterRole applies in every namespace, not just the operator's own.
+    assert granted(kube, user, "default") == OPERATOR_NEEDS | crd_watch
+    for verb, group, resource in sorted(OPERATOR_NEEDS):
+        assert can_i(kube, user, verb, group, resource, namespace), (verb, group, resource)
+    for verb, group, resource in NEVER_ALLOWED:
+        assert not can_i(kube, user, verb, group, resource, namespace), (verb, group, resource)
+
+
+@pytest.mark.usefixtures("crds", "watched_namespaces")
+def test_namespaced_mode_grants_nothing_outside_the_watch_list(
+    kube: ControlPlane, namespace: str, install_rbac: Callable[..., str]
+) -> None:
+    values = yaml.safe_load((CHART / "ci" / "namespaced-values.yaml").read_text())
+    watched = values["watchNamespaces"]
+    user = install_rbac("--values", str(CHART / "ci" / "namespaced-values.yaml"))
+    for name in watched:
+        assert granted(kube, user, name) == OPERATOR_NEEDS
+    # Neither the operator's own namespace (not in the list) nor any cluster-scoped resource.
+    assert granted(kube, user, namespace) == set()
+    assert not can_i(kube, user, "list", "apiextensions.k8s.io", "customresourcedefinitions", "")
+
+
+@pytest.mark.usefixtures("crds")
+def test_service_account_can_apply_every_envpool_child(
+    kube: ControlPlane, namespace: str, install_rbac: Callable[..., str]
+) -> None:
+    """The objects the operator's own builders make, server-side applied as its ServiceAccount."""
+    user = install_rbac()
+    pool = yaml.safe_load(
+        kube.kubectl(
+            "create", "-o", "yaml", "-f", "-", f"--namespace={namespace}",
+            input=yaml.safe_dump({"apiVersion": "gymkube.io/v1alpha1", "kind": "EnvPool",
+                                  "metadata": {"name": "lake"}, "spec": {"env": "frozen_lake"}}),
+        ).stdout
+    )  # fmt: skip
+    children = build_children(
+        owner("lake", namespace, pool["metadata"]["uid"]),
+        parse_spec(pool["spec"]),
+        OperatorSettings(),
+    )
+    manifests = "---\n".join(yaml.safe_dump(child) for child in children)
+    applied = kube.kubectl(
+        "apply", "--server-side", "--force-conflicts", "--field-manager=gymkube-operator",
+        f"--as={user}", "-f", "-", input=manifests,
+    ).stdout  # fmt: skip
+    assert applied.count("serverside-applied") == len(children), applied
+    with pytest.raises(KubectlError, match="forbidden"):
+        kube.kubectl("get", "secrets", f"--namespace={namespace}", f"--as={user}")

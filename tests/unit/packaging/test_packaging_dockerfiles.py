@@ -1,0 +1,83 @@
+"""The Dockerfiles lint clean, run as non-root and build from what hack/build-images.sh makes."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+DOCKERFILES = sorted((REPO_ROOT / "images").glob("*/Dockerfile"))
+HADOLINT = Path(sys.executable).parent / "hadolint"
+BUILD_SCRIPT = (REPO_ROOT / "hack" / "build-images.sh").read_text()
+# `[image]="dockerfile target wheel-set base-flavours"` lines of the build script's recipe table.
+RECIPES = re.findall(r'^\t\[([a-z]+)\]="(\S+) (\S+) (\S+) \S+"$', BUILD_SCRIPT, re.MULTILINE)
+
+
+def stages(dockerfile: Path) -> dict[str, list[str]]:
+    """Stage name -> its instructions (continuation lines joined)."""
+    text = re.sub(r"\\\n\s*", " ", dockerfile.read_text())
+    result: dict[str, list[str]] = {}
+    current: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("FROM "):
+            current = result.setdefault(line.split()[-1], [])
+        elif line and not line.startswith("#"):
+            current.append(line)
+    return result
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
+def test_hadolint_finds_nothing(dockerfile: Path) -> None:
+    done = subprocess.run(
+        [str(HADOLINT), "--failure-threshold", "style", str(dockerfile)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
+def test_images_take_a_base_image_and_run_as_the_non_root_uid(dockerfile: Path) -> None:
+    assert re.search(r"^ARG BASE_IMAGE=", dockerfile.read_text(), re.MULTILINE)
+    runtime = [name for name in stages(dockerfile) if not name.endswith("venv")]
+    assert runtime
+    for name in runtime:
+        users = [line for line in stages(dockerfile)[name] if line.startswith("USER ")]
+        # Numeric, so the kubelet can enforce runAsNonRoot without reading /etc/passwd.
+        assert users == ["USER 10001:10001"], (name, users)
+
+
+def test_every_image_in_the_build_script_has_its_target_and_wheels() -> None:
+    assert {image for image, *_ in RECIPES} == {
+        "envserver", "router", "operator", "preflight", "trainer",
+    }  # fmt: skip
+    for image, dockerfile, target, wheel_set in RECIPES:
+        built = stages(REPO_ROOT / dockerfile)
+        assert target in built, (image, target)
+        wanted_from = {f"out/wheels/{wheel_set}"}
+        copied = {
+            line.split()[1]
+            for stage in built.values()
+            for line in stage
+            if line.startswith("COPY ") and "--from" not in line
+        }
+        assert wanted_from <= copied, (image, copied)
+
+
+def test_build_context_holds_only_the_wheels() -> None:
+    ignored = [
+        line
+        for line in (REPO_ROOT / ".dockerignore").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
+    assert ignored == ["*", "!out/wheels/"]
+    for dockerfile in DOCKERFILES:
+        for stage in stages(dockerfile).values():
+            for line in stage:
+                if line.startswith("COPY ") and "--from" not in line:
+                    assert line.split()[1].startswith("out/wheels/"), (dockerfile, line)
