@@ -162,7 +162,13 @@ def create_app(settings: ServerSettings, backend: EnvBackend | None = None) -> F
 
     @app.post(
         "/create",
-        responses=_errors(*COMMON_ERRORS, ErrorCode.AT_CAPACITY, ErrorCode.ENV_FAILURE),
+        responses=_errors(
+            *COMMON_ERRORS,
+            ErrorCode.AT_CAPACITY,
+            ErrorCode.DRAINING,
+            ErrorCode.NOT_READY,
+            ErrorCode.ENV_FAILURE,
+        ),
         summary="Open a session (503 with Retry-After at capacity or while draining).",
     )
     async def create(body: Annotated[CreateRequest | None, Body()] = None) -> CreateResponse:

@@ -138,6 +138,8 @@ class SessionManager:
         retry = self.settings.retry_after
         if self.draining:
             raise ApiError(ErrorCode.DRAINING, "server is draining; use another", retry)
+        if not self.prepared:
+            raise ApiError(ErrorCode.NOT_READY, "the env is still starting", retry)
         if len(self.sessions) + self._creating >= self.settings.max_sessions:
             raise ApiError(
                 ErrorCode.AT_CAPACITY,
@@ -293,8 +295,13 @@ class SessionManager:
         self._spawn_close(instance)
 
     async def _prepare_and_fill(self) -> None:
-        await self.backend.prepare()
-        self.prepared = True
+        while not self.prepared:
+            try:
+                await self.backend.prepare()
+                self.prepared = True
+            except Exception:
+                log.exception("preparing the env failed; retrying")
+                await asyncio.sleep(WARM_RETRY_S)
         while True:
             while not self.draining and len(self.warm) < self.settings.warm:
                 try:
