@@ -11,11 +11,18 @@ Targets: all reconciled within 60 s, peak RSS at most 200 MB.
 
 from __future__ import annotations
 
+import os
+import sys
+
+# Run as `python bench/operator.py`, this file's folder leads sys.path, and the file's name would
+# shadow the standard library's `operator` module for every import below.
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    sys.path.pop(0)
+
 import argparse
 import json
 import statistics
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path

@@ -237,6 +237,17 @@ class EnvServer:
         except OSError:
             return None
 
+    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        request = urllib.request.Request(
+            f"{self.url}{path}",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            answer: dict[str, Any] = json.load(response)
+            return answer
+
     def pause(self) -> None:
         self.popen.send_signal(signal.SIGSTOP)
 

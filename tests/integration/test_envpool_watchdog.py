@@ -34,14 +34,23 @@ POLICY = {
 
 
 @pytest.fixture
-def servers(tmp_path: Path) -> Iterator[list[EnvServer]]:
-    started = [EnvServer(tmp_path / f"envserver-{i}.log") for i in range(3)]
+def servers(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[list[EnvServer]]:
+    count = getattr(request, "param", 3)
+    started = [EnvServer(tmp_path / f"envserver-{i}.log") for i in range(count)]
     try:
         eventually("env servers up", lambda: True if all(s.status() for s in started) else None)
         yield started
     finally:
         for server in started:
             server.stop()
+
+
+def pod_uid(cluster: Cluster, name: str) -> str | None:
+    for pod in cluster.core.list_namespaced_pod(cluster.namespace).items:
+        if pod.metadata.name == name and not pod.metadata.deletion_timestamp:
+            uid: str = pod.metadata.uid
+            return uid
+    return None
 
 
 @pytest.fixture
@@ -85,18 +94,7 @@ def test_watchdog_restarts_hung_and_dead_servers_within_its_budget(
     thread, stop = in_process_operator(kube, cluster.namespace, addresses, monkeypatch)
     try:
         cluster.create(envpool("wd", replicas=3, watchdog=POLICY))
-        pod = eventually(
-            "pod wd-0",
-            lambda: next(
-                (
-                    p
-                    for p in cluster.core.list_namespaced_pod(cluster.namespace).items
-                    if p.metadata.name == "wd-0"
-                ),
-                None,
-            ),
-        )
-        healthy_uid = pod.metadata.uid
+        healthy_uid = eventually("pod wd-0", lambda: pod_uid(cluster, "wd-0"))
 
         def budget_spent() -> dict[str, Any] | None:
             status = (cluster.get("wd") or {}).get("status", {})
@@ -129,5 +127,56 @@ def test_watchdog_restarts_hung_and_dead_servers_within_its_budget(
             "gymkube.io", "v1alpha1", cluster.namespace, "envpools", "wd"
         )
         eventually("pool deleted", lambda: True if cluster.get("wd") is None else None)
+        stop.set()
+        thread.join(30)
+
+
+@pytest.mark.parametrize("servers", [1], indirect=True)
+def test_a_worn_out_server_is_drained_and_recycled_only_once_its_sessions_end(
+    kube: ControlPlane,
+    cluster: Cluster,
+    servers: list[EnvServer],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    (server,) = servers
+    policy = {**POLICY, "maxSessionsServed": 2, "drainTimeoutSeconds": 600}
+    thread, stop = in_process_operator(kube, cluster.namespace, {"rec-0": server.url}, monkeypatch)
+    try:
+        cluster.create(envpool("rec", replicas=1, watchdog=policy))
+        first_uid = eventually("pod rec-0", lambda: pod_uid(cluster, "rec-0"))
+        finished = server.post("/create", {})["id"]
+        server.post("/close", {"id": finished})
+        live = server.post("/create", {})["id"]  # the second session served, still open
+
+        eventually(
+            "the server drained",
+            lambda: True if (server.status() or {}).get("draining") else None,
+        )
+        # A live session keeps its server: no deletion while it runs.
+        time.sleep(3 * POLICY["probePeriodSeconds"])
+        assert pod_uid(cluster, "rec-0") == first_uid
+
+        server.post("/close", {"id": live})
+        eventually(
+            "pod recycled",
+            lambda: True if pod_uid(cluster, "rec-0") not in (None, first_uid) else None,
+        )
+        status = eventually(
+            "recycle recorded",
+            lambda: (
+                (cluster.get("rec") or {}).get("status", {}).get("restarts", {}).get("recycled")
+                or None
+            ),
+        )
+        assert status >= 1
+        reasons = [e.reason for e in cluster.events("rec")]
+        assert "PodDraining" in reasons
+        assert "PodRecycled" in reasons
+        assert "PodRestarted" not in reasons
+    finally:
+        cluster.custom.delete_namespaced_custom_object(
+            "gymkube.io", "v1alpha1", cluster.namespace, "envpools", "rec"
+        )
+        eventually("pool deleted", lambda: True if cluster.get("rec") is None else None)
         stop.set()
         thread.join(30)
