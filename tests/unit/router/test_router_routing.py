@@ -67,6 +67,33 @@ def test_sessions_go_where_most_slots_are_free(pool: Pool) -> None:
             assert http.post("/close", json={"id": session_id}).status_code == 200
 
 
+def test_a_draining_server_gets_no_new_sessions_but_keeps_its_own(pool: Pool) -> None:
+    wait_idle(pool.small, pool.big)
+    with client(pool.router) as http:
+        on_big = create(http)  # most free slots
+        assert http.post("/reset", json={"id": on_big, "data_idx": 4}).status_code == 200
+        assert httpx.post(pool.big.url + "/admin/drain", json={"draining": True}).is_success
+        try:
+            wait_for_state(http, pool.big, "draining")
+            placed = [create(http) for _ in range(2)]
+            assert (active_sessions(pool.small), active_sessions(pool.big)) == (2, 1)
+            play_until_done(http, on_big)
+        finally:
+            httpx.post(pool.big.url + "/admin/drain", json={"draining": False})
+        for session_id in [on_big, *placed]:
+            assert http.post("/close", json={"id": session_id}).status_code == 200
+
+
+def wait_for_state(http: httpx.Client, backend: Proc, state: str) -> None:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        status = RouterStatus.model_validate_json(http.get("/status").content)
+        if any(b.address == backend.address and b.state == state for b in status.backends):
+            return
+        time.sleep(0.05)
+    pytest.fail(f"the router never saw {backend.address} {state}")
+
+
 def test_two_replicas_route_each_others_sessions(pool: Pool) -> None:
     with client(pool.router) as one, client(pool.replica) as two:
         from_one, from_two = create(one), create(two)
