@@ -126,6 +126,13 @@ class ScriptedLLM:
         return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), num_preempted=0)
 
 
+def cli(tool: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run one of the package's console scripts as a user would."""
+    return subprocess.run(
+        [str(BIN / tool), *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
 def trainer_config(response_length: int = 1024, prompt_length: int = 2048) -> Any:
     return OmegaConf.create(
         {
