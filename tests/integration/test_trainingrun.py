@@ -278,6 +278,72 @@ def make_pool_ready(kube: ControlPlane, runs: Runs) -> str:
     return url
 
 
+INVALID: list[tuple[str, dict[str, Any], str]] = [
+    ("no pool", {"envPoolRef": None}, "spec.envPoolRef: Required value"),
+    ("no model", {"model": None}, "spec.model: Required value"),
+    ("zero nodes", {"nodes": 0}, "spec.nodes: Invalid value: 0"),
+    ("unknown algorithm", {"algorithm": "dpo"}, 'spec.algorithm: Unsupported value: "dpo"'),
+    (
+        "model outside its volume",
+        {"model": {"path": "/data/q", "volume": {"persistentVolumeClaim": {"claimName": "m"}}}},
+        "model.path must lie under model.mountPath when model.volume is set",
+    ),
+    ("not an override", {"overrides": ["--trainer.total_epochs 3"]}, "spec.overrides[0]"),
+    ("unknown reward", {"agentLoop": {"reward": "max"}}, "spec.agentLoop.reward: Unsupported"),
+    ("unknown split", {"dataset": {"split": "validation"}}, "spec.dataset.split: Unsupported"),
+    ("negative TTL", {"ttlSecondsAfterFinished": -1}, "spec.ttlSecondsAfterFinished"),
+]
+
+
+@pytest.mark.parametrize(("case", "spec", "message"), INVALID, ids=[c[0] for c in INVALID])
+def test_invalid_runs_are_rejected_with_a_readable_message(
+    kube: ControlPlane, runs: Runs, case: str, spec: dict[str, Any], message: str
+) -> None:
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "TrainingRun",
+        "metadata": {"name": "invalid"},
+        "spec": {"envPoolRef": {"name": POOL}, "model": {"path": "/models/q"}},
+    }
+    for key, value in spec.items():
+        if value is None:
+            del body["spec"][key]
+        else:
+            body["spec"][key] = value
+    result = kube.kubectl(
+        "apply",
+        "--dry-run=server",
+        "-n",
+        runs.namespace,
+        "-f",
+        "-",
+        input=json.dumps(body),
+        check=False,
+    )
+    assert result.returncode != 0, case
+    assert message in result.stderr
+
+
+def test_long_run_names_are_rejected(kube: ControlPlane, runs: Runs) -> None:
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "TrainingRun",
+        "metadata": {"name": "a" * 41},
+        "spec": {"envPoolRef": {"name": POOL}, "model": {"path": "/models/q"}},
+    }
+    result = kube.kubectl(
+        "apply",
+        "--dry-run=server",
+        "-n",
+        runs.namespace,
+        "-f",
+        "-",
+        input=json.dumps(body),
+        check=False,
+    )
+    assert "TrainingRun names are at most 40 characters" in result.stderr
+
+
 def test_a_run_waits_for_its_pool_then_preflights_then_trains_then_fails(
     kube: ControlPlane, runs: Runs
 ) -> None:
@@ -285,6 +351,11 @@ def test_a_run_waits_for_its_pool_then_preflights_then_trains_then_fails(
     waiting = runs.wait_condition("life", "EnvPoolReady", "False", "EnvPoolNotFound")
     assert POOL in waiting["message"]
     assert runs.wait_phase("life", "WaitingForEnvPool")
+    assert runs.children("life") == set()
+
+    Cluster(runs.api, runs.namespace).create(envpool(POOL, replicas=1))
+    not_ready = runs.wait_condition("life", "EnvPoolReady", "False", "EnvPoolNotReady")
+    assert "not Ready" in not_ready["message"]
     assert runs.children("life") == set()
 
     url = make_pool_ready(kube, runs)
@@ -390,19 +461,6 @@ def test_queue_name_hands_admission_to_kueue(kube: ControlPlane, runs: Runs) -> 
     assert runs.job("queued-train").spec.suspend is False
 
 
-def test_ttl_deletes_the_finished_run_and_its_children(kube: ControlPlane, runs: Runs) -> None:
-    make_pool_ready(kube, runs)
-    runs.create("short", ttlSecondsAfterFinished=2, preflight={"enabled": False})
-    eventually("the training Job", lambda: runs.job("short-train"))
-    runs.finish_pod("short-train", 0)
-    runs.wait_condition("short", "Succeeded", "True", "TrainingSucceeded")
-    eventually("the run deleted by its TTL", lambda: runs.get("short") is None or None)
-    eventually(
-        "its Job and ConfigMap garbage-collected",
-        lambda: runs.children("short") == set() or None,
-    )
-
-
 def test_several_nodes_need_kuberay(kube: ControlPlane, runs: Runs) -> None:
     make_pool_ready(kube, runs)
     runs.create("no-ray", nodes=2, gpusPerNode=8)
@@ -434,3 +492,19 @@ def test_several_nodes_need_kuberay(kube: ControlPlane, runs: Runs) -> None:
         runs.wait_condition("ray", "Running", "True", "TrainingRunning")
     finally:
         kube.kubectl("delete", "crd", "rayjobs.ray.io", "--wait=false")
+
+
+def test_ttl_deletes_the_finished_run_and_its_children(kube: ControlPlane, runs: Runs) -> None:
+    make_pool_ready(kube, runs)
+    runs.create("short", ttlSecondsAfterFinished=2, preflight={"enabled": False})
+    eventually("the training Job", lambda: runs.job("short-train"))
+    runs.finish_pod("short-train", 0)
+    runs.wait_condition("short", "Succeeded", "True", "TrainingSucceeded")
+    eventually("the run deleted by its TTL", lambda: runs.get("short") is None or None)
+    # The garbage collector notices a newly installed CRD's objects at its next discovery
+    # (every 30 s), so this can take a while on a fresh cluster.
+    eventually(
+        "its Job and ConfigMap garbage-collected",
+        lambda: runs.children("short") == set() or None,
+        timeout=90,
+    )
