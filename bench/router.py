@@ -3,17 +3,20 @@
 Starts real `gymkube-envserver` processes, `gymkube-router` and, for comparison, a plain aiohttp
 pass-through proxy, then drives them from this process with a lean keep-alive HTTP client
 (raw asyncio protocol on uvloop, one connection per session) so the load generator does not
-starve the router of CPU. Every comparison is measured side by side in one run, in alternating
-windows, on the same sessions: sessions are created through the router and the direct phases
-talk to the env server that holds them with its own id. Prints one JSON document.
+starve the router of CPU. Sessions are created through the router; the direct route talks to
+the env server holding a session with that server's own id. Comparisons run side by side at
+the same moments: each session alternates routes step by step (cpu, latency), or half the
+sessions take each route, swapped every round (sciworld). Prints one JSON document.
 
-- cpu: router CPU seconds per routed request (utime+stime from /proc/<pid>/stat over the
-  window / requests answered), FrozenLake backend at saturation (no think time); the same for
-  the plain proxy. Target: router <= 150 us.
-- latency: 64 sessions stepping with 50 ms think time; per-step latency through the router minus
-  direct. Targets: p50 <= 1 ms, p99 <= 3 ms.
-- sciworld: steps/s through the router / direct on ScienceWorld backends (env-bound). Target
-  ratio >= 0.95.
+- cpu: CPU seconds per routed request (utime+stime from /proc/<pid>/stat over the window,
+  divided by the requests answered) of the router and of the plain proxy, in front of one
+  FrozenLake server at saturation (32 sessions, no think time). Target: router <= 150 us.
+- cpu_router_bound: the same against a canned server that answers in a few µs, so the proxy
+  itself is the bottleneck: the router's floor, without idle wake-ups.
+- latency: 64 sessions stepping with 50 ms think time on two FrozenLake servers; per-step
+  latency through the router minus direct. Targets: p50 <= 1 ms, p99 <= 3 ms.
+- sciworld: steps/s through the router / direct on two ScienceWorld servers (env-bound).
+  Target ratio >= 0.95.
 
     .venv/bin/python -P bench/router.py [--window 5] [--rounds 2] [--no-sciworld]
 
@@ -98,6 +101,88 @@ def naive_proxy(argv: list[str]) -> None:
         access_log=None,
         loop=uvloop.new_event_loop(),
     )
+
+
+# -- a canned env server, to find the router's own floor --------------------------------------
+
+
+class CannedServer(asyncio.Protocol):
+    """Answers the env protocol with fixed bodies at a few µs per request.
+
+    Not an env: it only lets the router, not the env server, be the bottleneck, so the
+    router's own CPU per request shows without scheduler wake-ups between idle periods.
+    """
+
+    created = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+        self._buffer = b""
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        while (end := self._buffer.find(b"\r\n\r\n")) >= 0:
+            head = self._buffer[:end].lower()
+            at = head.find(b"content-length:")
+            length = int(head[at + 15 :].split(b"\r\n")[0]) if at >= 0 else 0
+            if len(self._buffer) < end + 4 + length:
+                return
+            self._buffer = self._buffer[end + 4 + length :]
+            self._transport.write(self._answer(head.split(b" ", 2)[1]))
+
+    def _answer(self, path: bytes) -> bytes:
+        body: dict[str, Any]
+        if path == b"/step":
+            body = {
+                "observation": "You moved up.\nF F H F\nF P F F",
+                "reward": 0.0,
+                "score": 0.0,
+                "done": False,
+                "info": {},
+            }
+        elif path == b"/create":
+            CannedServer.created += 1
+            body = {"id": f"s{CannedServer.created}"}
+        elif path == b"/status":
+            body = {
+                "env": "canned",
+                "active": 0,
+                "capacity": 10_000,
+                "warm": 0,
+                "warm_target": 0,
+                "draining": False,
+                "served": 0,
+                "ready": True,
+                "canary": {},
+            }
+        else:  # /reset, /readyz
+            body = {
+                "id": "s0",
+                "observation": "start",
+                "task_description": "canned",
+                "reward": 0.0,
+                "score": 0.0,
+                "done": False,
+                "ready": True,
+            }
+        payload = json.dumps(body).encode()
+        return (
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload)
+        )
+
+
+def canned_server(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="canned-server")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args(argv)
+
+    async def serve() -> None:
+        server = await asyncio.get_running_loop().create_server(CannedServer, args.host, args.port)
+        await server.serve_forever()
+
+    uvloop.run(serve())
 
 
 # -- a lean keep-alive HTTP/1.1 client ---------------------------------------------------------
@@ -359,6 +444,39 @@ async def bench_cpu(procs: Procs, window: float, rounds: int) -> dict[str, Any]:
     }
 
 
+async def bench_cpu_router_bound(procs: Procs, window: float, rounds: int) -> dict[str, Any]:
+    backend = procs.start(Proc("canned env server", [SCRIPT, "canned-server"], launcher=["-P"]))
+    backend.wait_ready()
+    router = procs.router_for([backend], fast_polling=False)
+    plain = procs.start(
+        Proc(
+            "plain aiohttp proxy",
+            [SCRIPT, "naive-proxy", "--backend", backend.address],
+            launcher=["-P"],
+        )
+    )
+    wait_all(router, plain)
+    sessions = await open_sessions(router, 32)
+    load = Load(sessions, FROZEN_LAKE_MOVES, think=0.0)
+    summary = {}
+    for route in (Route("router", router, routed=True), Route("plain_aiohttp_proxy", plain)):
+        totals: dict[str, Window] = {}
+        for _ in range(rounds):
+            merge(totals, await load.run([[route]] * len(sessions), window))
+        total = totals[route.name]
+        summary[route.name] = {
+            "cpu_us_per_request": total.cpu_seconds / max(total.requests, 1) * 1e6,
+            "requests_per_s": total.requests / (window * rounds),
+        }
+    return {
+        "setup": "a canned env server (fixed answers), 32 sessions without think time, one "
+        "proxy at a time: the proxy is the bottleneck",
+        **summary,
+        "router_vs_plain_proxy": summary["router"]["cpu_us_per_request"]
+        / summary["plain_aiohttp_proxy"]["cpu_us_per_request"],
+    }
+
+
 async def bench_latency(procs: Procs, window: float, rounds: int) -> dict[str, Any]:
     backends = [procs.env_server(max_sessions=40, warm=4) for _ in range(2)]
     router = procs.router_for(backends, fast_polling=False)
@@ -447,7 +565,11 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "window_s": args.window,
         "rounds": args.rounds,
     }
-    benches = [("cpu", bench_cpu), ("latency", bench_latency)]
+    benches = [
+        ("cpu", bench_cpu),
+        ("cpu_router_bound", bench_cpu_router_bound),
+        ("latency", bench_latency),
+    ]
     if args.sciworld:
         benches.append(("sciworld", bench_sciworld))
     for name, run in benches:
@@ -463,6 +585,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     if sys.argv[1:2] == ["naive-proxy"]:
         naive_proxy(sys.argv[2:])
+        return
+    if sys.argv[1:2] == ["canned-server"]:
+        canned_server(sys.argv[2:])
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--window", type=float, default=5.0, help="seconds per measured window")
