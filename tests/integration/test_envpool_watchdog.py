@@ -117,6 +117,14 @@ def test_watchdog_restarts_hung_and_dead_servers_within_its_budget(
         # The healthy server's pod was never touched, and users see why the others were.
         survivor = cluster.core.read_namespaced_pod("wd-0", cluster.namespace)
         assert survivor.metadata.uid == healthy_uid
+        eventually(
+            "a RestartBudgetExhausted event",
+            lambda: (
+                True
+                if any(e.reason == "RestartBudgetExhausted" for e in cluster.events("wd"))
+                else None
+            ),
+        )
         restarted = [e for e in cluster.events("wd") if e.reason == "PodRestarted"]
         assert restarted
         assert all(e.type == "Warning" for e in restarted)

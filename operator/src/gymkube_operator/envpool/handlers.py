@@ -9,13 +9,13 @@ from typing import Any
 import aiohttp
 import kopf
 
-from gymkube_operator.conditions import now_rfc3339
+from gymkube_operator.conditions import ConditionStatus, find_condition, now_rfc3339
 from gymkube_operator.envpool import builders
 from gymkube_operator.envpool.builders import COMPONENT_LABEL, ENVSERVER, POOL_LABEL, ROUTER
 from gymkube_operator.envpool.models import PLURAL, EnvPoolSpec, EnvPoolStatus
 from gymkube_operator.envpool.prober import observe
 from gymkube_operator.envpool.restarts import record_actions, restart_times
-from gymkube_operator.envpool.status import Observed, compute_status
+from gymkube_operator.envpool.status import DEGRADED, Observed, compute_status
 from gymkube_operator.envpool.watchdog import Action, Memory, Plan, decide
 from gymkube_operator.kinds import GROUP, VERSION
 from gymkube_operator.kube import KubeError
@@ -222,6 +222,17 @@ async def watch_once(
         )
         if status != previous:
             await _write_status(rt, state, name, namespace, status)
+        _announce_degradation(body, previous, status)
+
+
+def _announce_degradation(body: kopf.Body, before: EnvPoolStatus, after: EnvPoolStatus) -> None:
+    """A Warning Event when the pool turns Degraded for a new reason (once, not every period)."""
+    old = find_condition(before.conditions, DEGRADED)
+    new = find_condition(after.conditions, DEGRADED)
+    if new is None or new.status != ConditionStatus.TRUE:
+        return
+    if old is None or (old.status, old.reason) != (new.status, new.reason):
+        kopf.event(body, type="Warning", reason=new.reason, message=new.message)
 
 
 def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
@@ -288,6 +299,7 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
         uid: str,
         body: kopf.Body,
         stopped: kopf.DaemonStopped,
+        logger: kopf.Logger,
         **kwargs: Any,
     ) -> None:
         key = (_namespace(namespace), name)
@@ -301,7 +313,11 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
         try:
             while not stopped:
                 state.wake.clear()
-                await watch_once(rt, state, name, key[0], uid, body, indexes)
+                try:
+                    await watch_once(rt, state, name, key[0], uid, body, indexes)
+                except (KubeError, aiohttp.ClientError, TimeoutError) as error:
+                    # The API server is unreachable or refused a write: try again next period.
+                    logger.warning(f"watchdog period failed: {error}")
                 period = builders.parse_spec(body["spec"]).watchdog.probe_period_seconds
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(state.wake.wait(), timeout=period)
