@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import kubernetes
@@ -66,6 +67,9 @@ def now() -> str:
 
 class Runs:
     """Reads and writes on TrainingRuns and their children in one namespace."""
+
+    operator: OperatorProcess
+    start_operator: Callable[[], OperatorProcess]
 
     def __init__(self, client: kubernetes.client.ApiClient, namespace: str) -> None:
         self.namespace = namespace
@@ -200,6 +204,15 @@ class Runs:
         return {e.reason for e in events}
 
 
+def start_operator(kube: ControlPlane, namespace: str, log: Path) -> OperatorProcess:
+    """gymkube-operator watching the namespace, resyncing every second, with test images."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("GYMKUBE_TRAININGRUN_RESYNC_SECONDS", "1")
+        env.setenv("GYMKUBE_TRAINER_IMAGE", "reg.example/trainer:1")
+        env.setenv("GYMKUBE_PREFLIGHT_IMAGE", "reg.example/preflight:1")
+        return OperatorProcess(kube, namespace, log)
+
+
 @pytest.fixture(scope="module")
 def crds(kube: ControlPlane) -> None:
     install_crds(kube)
@@ -227,12 +240,9 @@ def runs(
                 or None
             ),
         )
-        with pytest.MonkeyPatch.context() as env:
-            env.setenv("GYMKUBE_TRAININGRUN_RESYNC_SECONDS", "1")
-            env.setenv("GYMKUBE_TRAINER_IMAGE", "reg.example/trainer:1")
-            env.setenv("GYMKUBE_PREFLIGHT_IMAGE", "reg.example/preflight:1")
-            operator = OperatorProcess(kube, namespace, log)
         runs = Runs(client, namespace)
+        runs.start_operator = lambda: start_operator(kube, namespace, log)
+        runs.operator = runs.start_operator()
         try:
             yield runs
             for plural in (PLURAL, "envpools"):
@@ -255,8 +265,8 @@ def runs(
                 ),
             )
         finally:
-            operator.stop()
-            print(f"--- operator log ({log}) ---\n{operator.log_tail()}")
+            runs.operator.stop()
+            print(f"--- operator log ({log}) ---\n{runs.operator.log_tail()}")
             core.delete_namespace(namespace)
 
 
@@ -492,6 +502,30 @@ def test_several_nodes_need_kuberay(kube: ControlPlane, runs: Runs) -> None:
         runs.wait_condition("ray", "Running", "True", "TrainingRunning")
     finally:
         kube.kubectl("delete", "crd", "rayjobs.ray.io", "--wait=false")
+
+
+def test_an_operator_killed_mid_run_picks_up_where_it_was(kube: ControlPlane, runs: Runs) -> None:
+    make_pool_ready(kube, runs)
+    runs.create("restart")
+    runs.wait_phase("restart", "Preflight")
+    runs.operator.kill()
+    runs.finish_pod("restart-preflight", 0, json.dumps(SUMMARY))
+    runs.operator = runs.start_operator()
+    runs.wait_condition("restart", "PreflightPassed", "True", "PreflightSucceeded")
+    runs.wait_phase("restart", "Starting")
+    time.sleep(2)  # a few resyncs of the new operator
+    assert runs.children("restart") == {
+        ("Job", "restart-preflight"),
+        ("Job", "restart-train"),
+        ("ConfigMap", "restart-agent-loop"),
+    }
+    pods = runs.core.list_namespaced_pod(
+        runs.namespace, label_selector="gymkube.io/trainingrun=restart"
+    ).items
+    assert sorted(p.metadata.labels["app.kubernetes.io/component"] for p in pods) == [
+        "preflight",
+        "trainer",
+    ]
 
 
 def test_ttl_deletes_the_finished_run_and_its_children(kube: ControlPlane, runs: Runs) -> None:
