@@ -81,13 +81,13 @@ def _http_probe(path: str, period: int, failures: int) -> Object:
 
 
 def _container(
-    name: str, image: str, command: str, args: list[str], port: int, settings: OperatorSettings
+    name: str, image: str, args: list[str], port: int, settings: OperatorSettings
 ) -> Object:
+    # Only args: the image's entrypoint (tini, then gymkube-envserver or gymkube-router) runs.
     return {
         "name": name,
         "image": image,
         "imagePullPolicy": settings.image_pull_policy,
-        "command": [command],
         "args": args,
         # The root filesystem is read-only: anything that writes a home or temp dir uses /tmp.
         "env": [{"name": "HOME", "value": "/tmp"}, {"name": "TMPDIR", "value": "/tmp"}],
@@ -141,7 +141,6 @@ def build_statefulset(pool: Owner, spec: EnvPoolSpec, settings: OperatorSettings
     container = _container(
         ENVSERVER_CONTAINER,
         spec.image or settings.envserver_image,
-        "gymkube-envserver",
         envserver_args(spec),
         spec.port,
         settings,
@@ -196,7 +195,6 @@ def build_router_deployment(pool: Owner, spec: EnvPoolSpec, settings: OperatorSe
     container = _container(
         ROUTER_CONTAINER,
         spec.router.image or settings.router_image,
-        "gymkube-router",
         args,
         spec.port,
         settings,
