@@ -57,6 +57,9 @@ def token_address(token: str) -> str | None:
     return address if sep and host and port.isdigit() else None
 
 
+_CACHED_PATHS = 32
+
+
 @dataclass(eq=False)
 class Backend:
     """One env server as this replica sees it."""
@@ -87,7 +90,10 @@ class Backend:
     def url(self, path: str) -> URL:
         cached = self._urls.get(path)
         if cached is None:
-            cached = self._urls[path] = self.base_url.with_path(path)
+            cached = self.base_url.with_path(path)
+            # Paths come from clients: cache the protocol's few, not every path anyone sends.
+            if len(self._urls) < _CACHED_PATHS:
+                self._urls[path] = cached
         return cached
 
     @property
@@ -295,25 +301,32 @@ class Pool:
                 backend.url("/status"), timeout=self._poll_timeout
             ) as response:
                 payload = await response.read()
-                if response.status != 200:
-                    raise ValueError(f"/status answered {response.status}")
-            status = StatusResponse.model_validate_json(payload)
-        except (aiohttp.ClientError, TimeoutError, ValueError, ValidationError) as exc:
-            self._poll_failed(backend, exc)
+                code = response.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            self._unreachable(backend, exc)
             return
-        # Placements made after the poll was sent are not in its answer yet.
-        backend.unreported -= unreported_before
-        backend.status = status
         backend.failures = 0
-        backend.last_error = None
         backend.last_poll_at = time.time()
         if backend.dead:
             log.info("backend %s answers again", backend.address)
             backend.dead = False
+        try:
+            if code != 200:
+                raise ValueError(f"/status answered {code}")
+            status = StatusResponse.model_validate_json(payload)
+        except (ValueError, ValidationError) as exc:
+            # It answers, so its sessions live on; it just gets no new ones.
+            backend.status = None
+            backend.last_error = f"{type(exc).__name__}: {exc}"[:500]
+            return
+        # Placements made after the poll was sent are not in its answer yet.
+        backend.unreported -= unreported_before
+        backend.status = status
+        backend.last_error = None
         if backend.free > 0 and backend.placeable:
             self._wake()
 
-    def _poll_failed(self, backend: Backend, exc: BaseException) -> None:
+    def _unreachable(self, backend: Backend, exc: BaseException) -> None:
         backend.failures += 1
         backend.last_error = f"{type(exc).__name__}: {exc}"
         if backend.retired:
