@@ -287,7 +287,7 @@ class _Writer:
             fields["completion_time"] = outcome.completion_time or self.now
         self.update(**fields)
 
-    def events(self, outcome: _Outcome | None) -> list[Event]:
+    def events(self, outcome: _Outcome) -> list[Event]:
         """One Event per transition: the phase, and the pool or preflight flipping mid-run."""
         found: list[Event] = []
         for type_ in (ENV_POOL_READY, PREFLIGHT_PASSED):
@@ -300,7 +300,7 @@ class _Writer:
             ):
                 warn = after.status == FALSE
                 found.append(Event("Warning" if warn else "Normal", after.reason, after.message))
-        if outcome is not None and outcome.phase != self.previous.phase:
+        if outcome.phase != self.previous.phase:
             warn = outcome.phase == Phase.FAILED
             phase_event = Event("Warning" if warn else "Normal", outcome.reason, outcome.message)
             # The phase often moves for the very reason a condition flipped: say it once.
@@ -340,9 +340,8 @@ def plan(
         # A finished run is a record: its children are never made again.
         return _finish(Plan(status=writer.status), spec, now)
 
-    def done(outcome: _Outcome | None, create: list[Object] | None = None) -> Plan:
-        if outcome is not None:
-            writer.phase(outcome)
+    def done(outcome: _Outcome, create: list[Object] | None = None) -> Plan:
+        writer.phase(outcome)
         result = Plan(status=writer.status, create=create or [], events=writer.events(outcome))
         return _finish(result, spec, now)
 
