@@ -29,7 +29,6 @@ def kopf_settings(settings: OperatorSettings) -> kopf.OperatorSettings:
         prefix=prefix, key="last-handled-configuration"
     )
     config.posting.reporting_component = "gymkube-operator"
-    config.posting.level = logging.WARNING
     # Bounded watches: a silently dropped connection is noticed and re-established.
     config.watching.server_timeout = 300
     config.watching.client_timeout = 330
