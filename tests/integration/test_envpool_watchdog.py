@@ -1,4 +1,4 @@
-"""The watchdog against real env-server processes standing in for a pool's pods.
+"""The watchdog and the drain hook against real env-server processes standing in for pods.
 
 The test control plane runs no kubelet, so the StatefulSet's pods exist but never run. The operator
 runs in-process with an address resolver that points each pod at a local gymkube-envserver: one
@@ -8,6 +8,8 @@ healthy, one hung (SIGSTOP), one killed.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -16,6 +18,8 @@ from typing import Any
 
 import pytest
 from controlplane import ControlPlane
+from gymkube_operator.envpool.builders import build_statefulset, owner
+from gymkube_operator.envpool.models import EnvPoolSpec
 from gymkube_operator.main import run
 from gymkube_operator.settings import OperatorSettings
 from operator_support import Cluster, EnvServer, envpool, eventually, install_crds
@@ -188,3 +192,20 @@ def test_a_worn_out_server_is_drained_and_recycled_only_once_its_sessions_end(
         eventually("pool deleted", lambda: True if cluster.get("rec") is None else None)
         stop.set()
         thread.join(30)
+
+
+@pytest.mark.parametrize("servers", [1], indirect=True)
+def test_the_prestop_hook_drains_and_waits_for_live_sessions(servers: list[EnvServer]) -> None:
+    """What the kubelet runs before stopping an env server in a rollout or scale-down."""
+    (server,) = servers
+    live = server.post("/create", {})["id"]
+    spec = EnvPoolSpec(env="frozen_lake", port=server.port)
+    pod = build_statefulset(owner("p", "ns", "uid"), spec, OperatorSettings())
+    hook = pod["spec"]["template"]["spec"]["containers"][0]["lifecycle"]["preStop"]["exec"]
+    command = [sys.executable, *hook["command"][1:]]
+    with subprocess.Popen(command) as pre_stop:
+        eventually("draining", lambda: True if (server.status() or {}).get("draining") else None)
+        time.sleep(2)
+        assert pre_stop.poll() is None, "the hook returned while a session was live"
+        server.post("/close", {"id": live})
+        assert pre_stop.wait(timeout=10) == 0
