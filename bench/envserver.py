@@ -58,8 +58,8 @@ def free_port() -> int:
 
 
 @contextmanager
-def envserver(*args: str, jvm_options: str | None = None) -> Iterator[str]:
-    """A gymkube-envserver process; yields its URL once /readyz answers 200."""
+def envserver(*args: str, jvm_options: str | None = None) -> Iterator[tuple[str, int]]:
+    """A gymkube-envserver process; yields its URL and pid once /readyz answers 200."""
     port = free_port()
     env = dict(os.environ)
     env.pop("JAVA_TOOL_OPTIONS", None)
@@ -83,7 +83,7 @@ def envserver(*args: str, jvm_options: str | None = None) -> Iterator[str]:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{url} not ready")
             time.sleep(0.1)
-        yield url
+        yield url, server.pid
     finally:
         server.terminate()
         try:
@@ -121,9 +121,9 @@ def bench_create_reset(samples: int) -> dict[str, Any]:
         "cold_jvm_defaults": (("--env", "sciworld", "--warm", "0", "--max-sessions", "2"), ""),
     }
     with (
-        envserver(*servers["warm"][0]) as warm_url,
-        envserver(*servers["cold"][0]) as cold_url,
-        envserver(*servers["cold_jvm_defaults"][0], jvm_options="") as default_url,
+        envserver(*servers["warm"][0]) as (warm_url, _),
+        envserver(*servers["cold"][0]) as (cold_url, _),
+        envserver(*servers["cold_jvm_defaults"][0], jvm_options="") as (default_url, _),
     ):
         urls = {"warm": warm_url, "cold": cold_url, "cold_jvm_defaults": default_url}
         clients = {name: httpx.Client(base_url=url, timeout=300) for name, url in urls.items()}
@@ -152,7 +152,7 @@ def bench_sciworld_step(steps: int) -> dict[str, Any]:
     from scienceworld import ScienceWorldEnv
 
     data_idx = 1200
-    with envserver("--env", "sciworld", "--warm", "1", "--max-sessions", "2") as url:
+    with envserver("--env", "sciworld", "--warm", "1", "--max-sessions", "2") as (url, _):
         client = httpx.Client(base_url=url, timeout=300)
         table = client.get("/tasks").json()
         task = next(
@@ -210,7 +210,9 @@ def safe_neighbour(observation: str) -> tuple[str, str]:
     return edge, edge
 
 
-async def frozen_lake_client(url: str, sessions: int, duration_s: float) -> dict[str, Any]:
+async def frozen_lake_client(
+    url: str, server_pid: int, sessions: int, duration_s: float
+) -> dict[str, Any]:
     connector = aiohttp.TCPConnector(limit=sessions)
     steps = 0
     errors = 0
@@ -251,9 +253,22 @@ async def frozen_lake_client(url: str, sessions: int, duration_s: float) -> dict
         await asyncio.sleep(warmup_s)
         counting = True
         counted_from = time.perf_counter()
+        cpu_from = cpu_seconds(server_pid)
         await asyncio.gather(*tasks)
         elapsed = time.perf_counter() - counted_from
-    return {"steps": steps, "seconds": round(elapsed, 2), "errors": errors}
+        server_cpu_s = cpu_seconds(server_pid) - cpu_from
+    return {
+        "steps": steps,
+        "seconds": round(elapsed, 2),
+        "errors": errors,
+        "server_cpu_us_per_step": round(server_cpu_s / max(steps, 1) * 1e6),
+    }
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def bench_frozen_lake(sessions: int, duration_s: float) -> dict[str, Any]:
@@ -266,12 +281,14 @@ def bench_frozen_lake(sessions: int, duration_s: float) -> dict[str, Any]:
         str(sessions * 2),
         "--log-level",
         "warning",
-    ) as url:
-        result = asyncio.run(frozen_lake_client(url, sessions, duration_s))
+    ) as (url, pid):
+        result = asyncio.run(frozen_lake_client(url, pid, sessions, duration_s))
     return {
         "sessions": sessions,
         "steps_per_s": round(result["steps"] / result["seconds"]),
         **result,
+        # What the server process could do with a core to itself, whatever else the box runs.
+        "server_steps_per_cpu_second": round(1e6 / max(result["server_cpu_us_per_step"], 1)),
         "target_steps_per_s": 2000,
     }
 

@@ -230,7 +230,9 @@ class SessionManager:
     async def _call(self, session: Session, call: Awaitable[T]) -> T:
         timeout = self.settings.call_timeout
         try:
-            return await asyncio.wait_for(call, timeout)
+            # asyncio.timeout, unlike wait_for, adds no task per call (it is on every step).
+            async with asyncio.timeout(timeout):
+                return await call
         except TimeoutError:
             self._begin_close(session.id, f"lost: its env did not answer within {timeout:g} s")
             raise ApiError(
