@@ -260,3 +260,22 @@ def test_restarting_the_operator_mid_reconcile_creates_no_duplicates(
             assert set(cluster.children(name)) == expected_children(name)
         statefulsets = cluster.apps.list_namespaced_stateful_set(cluster.namespace).items
         assert sorted(s.metadata.name for s in statefulsets) == sorted(names)
+
+
+def test_pod_template_the_api_server_refuses_marks_the_pool_degraded(
+    cluster: Cluster, operator: OperatorProcess
+) -> None:
+    cluster.create(envpool("odd", podTemplate={"nodeSelector": "cpu-pool"}))
+
+    def degraded() -> dict[str, Any] | None:
+        status = (cluster.get("odd") or {}).get("status", {})
+        found = [c for c in status.get("conditions", []) if c["type"] == "Degraded"]
+        return found[0] if found and found[0]["status"] == "True" else None
+
+    condition = eventually("Degraded condition", degraded)
+    assert condition["reason"] == "ApplyFailed"
+    assert "nodeSelector" in condition["message"]
+    eventually(
+        "an ApplyFailed event",
+        lambda: True if any(e.reason == "ApplyFailed" for e in cluster.events("odd")) else None,
+    )

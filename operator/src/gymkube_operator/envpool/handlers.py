@@ -130,16 +130,18 @@ async def reconcile(
     spec = builders.parse_spec(body["spec"])
     async with state.lock:
         observed = await _apply_children(rt, name, namespace, uid, spec)
+        previous = state.previous(body)
         status = compute_status(
             name=name,
             namespace=namespace,
             generation=generation,
             spec=spec,
-            previous=state.previous(body),
+            previous=previous,
             observed=observed,
             now=now_rfc3339(),
         )
         await _write_status(rt, state, name, namespace, status)
+    _announce_degradation(body, previous, status)
     if observed.apply_error:
         raise kopf.TemporaryError(f"applying children failed: {observed.apply_error}", delay=10)
 
