@@ -334,6 +334,13 @@ def test_invalid_runs_are_rejected_with_a_readable_message(
     assert message in result.stderr
 
 
+def test_the_example_applies_as_is(kube: ControlPlane, runs: Runs) -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "trainingrun-sciworld-grpo.yaml"
+    result = kube.kubectl("apply", "--dry-run=server", "-n", runs.namespace, "-f", str(example))
+    assert "trainingrun.gymkube.io/sciworld-grpo created (server dry run)" in result.stdout
+    assert "envpool.gymkube.io/sciworld created (server dry run)" in result.stdout
+
+
 def test_long_run_names_are_rejected(kube: ControlPlane, runs: Runs) -> None:
     body = {
         "apiVersion": f"{GROUP}/{VERSION}",
