@@ -191,6 +191,10 @@ class GymkubeEnvAgentLoop(AgentLoopBase):
             logger.exception("gymkube_env trajectory %s: prompt does not tokenize", rollout.item_id)
             return []
 
+    def make_env_client(self) -> EnvClient:
+        """The client of one trajectory; it shares the worker process's HTTP session."""
+        return EnvClient(self.settings.env_url, self.settings.env_client)
+
     @_traced
     async def env_start(self, episode: EnvEpisode) -> Turn:
         return await episode.start()
@@ -210,7 +214,7 @@ class GymkubeEnvAgentLoop(AgentLoopBase):
         row = self._parse_row(row_fields, tasks)
         rollout.messages = list(row.opening)
         rollout.opening_length = len(row.opening)
-        client = rollout.client = EnvClient(self.settings.env_url, self.settings.env_client)
+        client = rollout.client = self.make_env_client()
         episode = EnvEpisode(client, row.template, row.data_idx, tasks.score_scale, seed=row.seed)
         rollout.episode = episode
         async with episode:

@@ -18,6 +18,7 @@ from typing import Any
 import hydra
 from gymkube_agentloop.templates import BUILTIN_TEMPLATES
 from omegaconf import OmegaConf
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 from verl.experimental.agent_loop.agent_loop import (
     AgentLoopOutput,
@@ -89,6 +90,33 @@ class EnvServer:
         if self.process.poll() is None:
             os.kill(self.process.pid, signal.SIGKILL)
             self.process.wait()
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level BPE trained on the prompts and env texts the tests produce."""
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    corpus = [t.instructions + t.acknowledgement + t.system for t in BUILTIN_TEMPLATES.values()]
+    corpus += [
+        "You moved down. You moved up. You moved left. You moved right. You stand on the start.",
+        "F F H P G S You are at row 1, column 2. Replies left: 19. Thought: Action: look around",
+        "<action>down</action> <action>right</action> <action>up</action> <action>left</action>",
+    ]
+    trainer = trainers.BpeTrainer(
+        vocab_size=600,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    bpe.train_from_iterator(corpus * 5, trainer)
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+    )
+    wrapped.chat_template = CHAT_TEMPLATE
+    return wrapped
 
 
 class ScriptedLLM:

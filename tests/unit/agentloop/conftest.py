@@ -6,16 +6,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
-from agentloop_harness import (
-    AGENT_YAML,
-    CHAT_TEMPLATE,
-    SPECIAL_TOKENS,
-    EnvServer,
-    register_from_yaml,
-)
+from agentloop_harness import AGENT_YAML, EnvServer, build_tokenizer, register_from_yaml
 from gymkube_agentloop.client import close_shared_session
-from gymkube_agentloop.templates import BUILTIN_TEMPLATES
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 
@@ -52,30 +44,7 @@ async def _close_http_session() -> AsyncIterator[None]:
 
 @pytest.fixture(scope="session")
 def tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level BPE trained on the prompts and env texts the tests produce."""
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    corpus = [t.instructions + t.acknowledgement + t.system for t in BUILTIN_TEMPLATES.values()]
-    corpus += [
-        "You moved down. You moved up. You moved left. You moved right. You stand on the start.",
-        "F F H P G S You are at row 1, column 2. Replies left: 19. Thought: Action: look around",
-        "<action>down</action> <action>right</action> <action>up</action> <action>left</action>",
-    ]
-    trainer = trainers.BpeTrainer(
-        vocab_size=600,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    bpe.train_from_iterator(corpus * 5, trainer)
-    wrapped = PreTrainedTokenizerFast(
-        tokenizer_object=bpe,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        bos_token=None,
-    )
-    wrapped.chat_template = CHAT_TEMPLATE
-    return wrapped
+    return build_tokenizer()
 
 
 @pytest.fixture
