@@ -89,14 +89,15 @@ def has_credentials() -> bool:
 
 
 def main() -> None:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
     try:
         settings = OperatorSettings()
     except ValidationError as error:
         print(f"gymkube-operator: bad settings:\n{error}", file=sys.stderr)
         sys.exit(2)
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     if not has_credentials():
         print(
             "gymkube-operator: no service-account token and no kubeconfig "

@@ -1,6 +1,6 @@
 """Operator settings from GYMKUBE_* environment variables (the Helm chart's values set them)."""
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -51,6 +51,14 @@ class OperatorSettings(BaseSettings):
         8080, ge=0, le=65535, description="Port of the operator's own /healthz; 0 turns it off."
     )
     prefix: str = Field(GROUP, description="Prefix of kopf's finalizer and annotations.")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Operator log level."
+    )
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_log_level(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
 
     @field_validator("namespaces", mode="before")
     @classmethod

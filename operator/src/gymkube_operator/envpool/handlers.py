@@ -237,6 +237,11 @@ def _announce_degradation(body: kopf.Body, before: EnvPoolStatus, after: EnvPool
         kopf.event(body, type="Warning", reason=new.reason, message=new.message)
 
 
+async def _wake_when_stopped(stopped: kopf.DaemonStopped, wake: asyncio.Event) -> None:
+    await stopped.wait()
+    wake.set()
+
+
 def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     """Register the EnvPool handlers on a registry (tests build their own runtime and registry)."""
     pools: dict[PoolKey, PoolState] = {}
@@ -293,7 +298,14 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
         await reconcile(rt, state, name, key[0], uid, body, meta.get("generation", 1))
 
     @kopf.daemon(
-        GROUP, VERSION, PLURAL, id="envpool_watchdog", cancellation_timeout=5, registry=registry
+        GROUP,
+        VERSION,
+        PLURAL,
+        id="envpool_watchdog",
+        # On stop it finishes its current period (at most a probe timeout) and exits.
+        cancellation_backoff=5,
+        cancellation_timeout=5,
+        registry=registry,
     )
     async def envpool_watchdog(
         name: str,
@@ -312,6 +324,9 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
             kwargs["envpool_routers"],
             kwargs["envpool_pods"],
         )
+        # Stopping (pool deleted, operator exiting) wakes the loop at once instead of after a
+        # whole period.
+        stopping = asyncio.create_task(_wake_when_stopped(stopped, state.wake))
         try:
             while not stopped:
                 state.wake.clear()
@@ -323,7 +338,9 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
                 period = builders.parse_spec(body["spec"]).watchdog.probe_period_seconds
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(state.wake.wait(), timeout=period)
-                    # Let a burst of child events (and their index updates) land first.
-                    await asyncio.sleep(WAKE_DEBOUNCE_SECONDS)
+                    if not stopped:
+                        # Let a burst of child events (and their index updates) land first.
+                        await asyncio.sleep(WAKE_DEBOUNCE_SECONDS)
         finally:
+            stopping.cancel()
             pools.pop(key, None)
