@@ -46,6 +46,7 @@ def target(spec: dict[str, Any] | TrainingRunSpec, name: str = "sciworld-grpo") 
         env="sciworld",
         trainer_image="reg/trainer:1",
         preflight_image="reg/preflight:1",
+        image_pull_policy="IfNotPresent",
     )
 
 

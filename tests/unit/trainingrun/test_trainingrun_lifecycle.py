@@ -20,6 +20,7 @@ RUN = Run(
     generation=3,
     trainer_image="reg/trainer:1",
     preflight_image="reg/preflight:1",
+    image_pull_policy="IfNotPresent",
 )
 URL = "http://sciworld.rl.svc:8000"
 SUMMARY = {"ok": True, "episodes": 8, "mean_score": 0.4}

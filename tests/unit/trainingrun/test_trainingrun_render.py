@@ -34,6 +34,7 @@ def target(**fields: Any) -> RunTarget:
         env="sciworld",
         trainer_image="reg/trainer:1",
         preflight_image="reg/preflight:1",
+        image_pull_policy="Always",
     )
 
 
@@ -60,6 +61,7 @@ def test_one_node_is_a_batch_job_owned_by_the_run() -> None:
     (trainer,) = pod["containers"]
     assert trainer["command"] == command.verl_command(target(gpusPerNode=4))
     assert trainer["resources"]["limits"]["nvidia.com/gpu"] == 4
+    assert trainer["imagePullPolicy"] == "Always"
     assert {"name": "GYMKUBE_ENV_URL", "value": POOL_URL} in trainer["env"]
 
 
@@ -92,6 +94,7 @@ def test_dataset_steps_run_before_training_and_write_the_parquet_verl_reads() ->
     assert outs == [command.TRAIN_FILE, command.VAL_FILE]
     for container in init:
         assert container["image"] == "reg/trainer:1"
+        assert container["imagePullPolicy"] == "Always"
         assert container["command"][0] == "gymkube-dataset"
         assert [m["mountPath"] for m in container["volumeMounts"]] == ["/data"]
 
@@ -176,6 +179,7 @@ def test_preflight_is_a_cpu_only_restricted_job_reporting_through_its_terminatio
     assert pod["automountServiceAccountToken"] is False
     (container,) = pod["containers"]
     assert container["image"] == "reg/preflight:1"
+    assert container["imagePullPolicy"] == "Always"
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert "nvidia.com/gpu" not in container["resources"].get("limits", {})
     assert container["securityContext"]["readOnlyRootFilesystem"] is True

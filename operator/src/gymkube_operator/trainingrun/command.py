@@ -45,6 +45,7 @@ class RunTarget:
     env: str
     trainer_image: str
     preflight_image: str
+    image_pull_policy: str
 
     @property
     def checkpoint_dir(self) -> str:

@@ -123,6 +123,7 @@ async def reconcile(rt: Runtime, namespace: str, name: str) -> lifecycle.Plan | 
         generation=meta.get("generation", 1),
         trainer_image=rt.settings.trainer_image,
         preflight_image=rt.settings.preflight_image,
+        image_pull_policy=rt.settings.image_pull_policy,
     )
     if lifecycle.is_finished(previous):
         observed = lifecycle.Observed(pool=None)

@@ -57,6 +57,7 @@ class Run:
     generation: int
     trainer_image: str
     preflight_image: str
+    image_pull_policy: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -377,6 +378,7 @@ def plan(
         env=observed.pool.get("spec", {}).get("env", ""),
         trainer_image=spec.image or run.trainer_image,
         preflight_image=spec.preflight.image or run.preflight_image,
+        image_pull_policy=run.image_pull_policy,
     )
     writer.update(env_pool_url=target.pool_url)
 

@@ -78,6 +78,7 @@ def preflight_job(target: RunTarget) -> Object:
     container = {
         "name": PREFLIGHT,
         "image": target.preflight_image,
+        "imagePullPolicy": target.image_pull_policy,
         "command": command.preflight_command(target),
         "env": [{"name": "GYMKUBE_ENV_URL", "value": target.pool_url}],
         "resources": PREFLIGHT_RESOURCES,
@@ -143,6 +144,7 @@ def dataset_containers(target: RunTarget, mounts: list[Object]) -> list[Object]:
         {
             "name": name,
             "image": target.trainer_image,
+            "imagePullPolicy": target.image_pull_policy,
             "command": args,
             "env": _env(target),
             "volumeMounts": data_mount,
@@ -160,6 +162,7 @@ def trainer_container(
     container: Object = {
         "name": name,
         "image": target.trainer_image,
+        "imagePullPolicy": target.image_pull_policy,
         "env": _env(target),
         "resources": {**resources, "limits": limits},
         "volumeMounts": mounts,
