@@ -24,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_settings import SettingsError
 
 from gymkube_envserver.router_metrics import RouterMetrics
-from gymkube_envserver.router_pool import Backend, Pool, RoutingError, session_lost
+from gymkube_envserver.router_pool import Backend, BackendState, Pool, RoutingError, session_lost
 from gymkube_envserver.router_settings import RouterSettings
 from gymkube_envserver.wire import ERROR_STATUS, RETRY_AFTER_CODES, ErrorCode, error_body
 
@@ -33,7 +33,7 @@ log = logging.getLogger("gymkube.router")
 JSON = "application/json"
 _REQUEST_HEADERS = {"Content-Type": JSON}
 # Backend responses that carry the session id and therefore need it rewritten.
-_ID_RESPONSES = frozenset({"/create", "/reset", "/close", "/detail", "/observation"})
+_ID_RESPONSES = frozenset({"/create", "/reset", "/close", "/detail"})
 # Endpoints served by the router itself or not tied to a session.
 _POOL_ENDPOINTS = frozenset(
     {"/", "/healthz", "/readyz", "/status", "/metrics", "/tasks", "/create"}
@@ -42,7 +42,7 @@ _POOL_ENDPOINTS = frozenset(
 
 class BackendView(BaseModel):
     address: str
-    state: str
+    state: BackendState
     capacity: int
     active: int
     warm: int
@@ -73,6 +73,14 @@ class RouterStatus(BaseModel):
 
 
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+
+
+class BackendGone(Exception):
+    """A backend call failed because the server is gone (refused, reset, hung, left DNS)."""
+
+    def __init__(self, backend: Backend) -> None:
+        super().__init__(backend.address)
+        self.backend = backend
 
 
 def _json_response(
@@ -158,6 +166,9 @@ class Router:
                 )
         except RoutingError as exc:
             response = _error(exc, self.settings.retry_after)
+        except BackendGone as exc:
+            exc.backend.lost += 1
+            response = _error(session_lost(exc.backend), self.settings.retry_after)
         except web.HTTPRequestEntityTooLarge as exc:
             response = _json_response(
                 413, error_body(ErrorCode.PAYLOAD_TOO_LARGE, exc.text or "request body too large")
@@ -223,7 +234,7 @@ class Router:
         body: bytes | None,
         query: Mapping[str, str] | None = None,
     ) -> tuple[int, bytes, dict[str, str]]:
-        """One backend call; a backend that is gone becomes ``session_lost``."""
+        """One backend call; raises ``BackendGone`` when the server is not there any more."""
         assert self._http is not None
         task: asyncio.Task[Any] | None = asyncio.current_task()
         assert task is not None
@@ -256,15 +267,13 @@ class Router:
                         ErrorCode.ENV_FAILURE,
                         f"env server {backend.address} took over {self.settings.request_timeout}s",
                     ) from None
-            backend.lost += 1
-            raise session_lost(backend)
+            raise BackendGone(backend)
         except asyncio.CancelledError:
             # The pool cancels in-flight calls of a backend it found dead.
             if not backend.dead:
                 raise
             task.uncancel()
-            backend.lost += 1
-            raise session_lost(backend) from None
+            raise BackendGone(backend) from None
         finally:
             backend.inflight.discard(task)
             request["upstream_seconds"] = request.get("upstream_seconds", 0.0) + (
@@ -299,9 +308,7 @@ class Router:
                 status, payload, headers = await self._forward(
                     request, backend, "POST", "/create", body
                 )
-            except RoutingError as exc:
-                if exc.code is not ErrorCode.SESSION_LOST:
-                    raise
+            except BackendGone:
                 backend.unreported -= 1
                 refused.add(backend)
                 continue
@@ -321,7 +328,14 @@ class Router:
         backend = self.pool.any_ready()
         if backend is None:
             raise RoutingError(ErrorCode.AT_CAPACITY, "no env server in the pool is ready")
-        status, payload, headers = await self._forward(request, backend, "GET", request.path, None)
+        try:
+            status, payload, headers = await self._forward(
+                request, backend, "GET", request.path, None
+            )
+        except BackendGone:
+            raise RoutingError(
+                ErrorCode.AT_CAPACITY, f"env server {backend.address} did not answer"
+            ) from None
         return web.Response(body=payload, status=status, headers=headers)
 
     async def _healthz(self, request: web.BaseRequest) -> web.StreamResponse:

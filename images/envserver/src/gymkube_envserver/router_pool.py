@@ -16,6 +16,7 @@ import socket
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import aiohttp
 from pydantic import ValidationError
@@ -58,6 +59,8 @@ def token_address(token: str) -> str | None:
 
 
 _CACHED_PATHS = 32
+
+BackendState = Literal["ready", "draining", "unready", "dead", "retired", "unknown"]
 
 
 @dataclass(eq=False)
@@ -114,7 +117,7 @@ class Backend:
         )
 
     @property
-    def state(self) -> str:
+    def state(self) -> BackendState:
         if self.dead:
             return "dead"
         if self.status is None:
