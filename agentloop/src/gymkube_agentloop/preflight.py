@@ -33,6 +33,8 @@ from gymkube_agentloop.templates import BUILTIN_TEMPLATES, PromptTemplate, templ
 
 PROG = "gymkube-preflight"
 LATENCY_CALLS = ("create", "reset", "step", "close")
+MAX_FAILURES_SHOWN = 5
+DETAIL_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -93,8 +95,10 @@ def summarise(results: list[EpisodeResult], args: argparse.Namespace) -> dict[st
         "endings": dict(Counter(str(r.ending) for r in results)),
         "env_errors": dict(errors),
         "retries": dict(retries),
+        # The operator keeps this report in a 4 KiB termination message: the first few suffice.
         "failures": [
-            {"data_idx": r.data_idx, "ending": str(r.ending), "detail": r.detail} for r in failed
+            {"data_idx": r.data_idx, "ending": str(r.ending), "detail": r.detail[:DETAIL_CHARS]}
+            for r in failed[:MAX_FAILURES_SHOWN]
         ],
         "latency_ms": {call: percentiles_ms(values) for call, values in latencies.items()},
         "mean_score": sum(r.reward for r in results) / len(results),

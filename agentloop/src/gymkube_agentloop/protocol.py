@@ -6,7 +6,7 @@ pass through, and they only require what the agent loop actually uses.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Reply(BaseModel):
@@ -40,11 +40,18 @@ class ErrorReply(BaseModel):
 
 class ScoreScale(BaseModel):
     min: float = 0.0
-    max: float = Field(default=1.0, gt=0)
+    max: float = 1.0
+
+    @model_validator(mode="after")
+    def _max_above_min(self) -> ScoreScale:
+        if self.max <= self.min:
+            raise ValueError(f"score scale max ({self.max}) must exceed min ({self.min})")
+        return self
 
     def normalise(self, score: float) -> float:
-        """The fraction of the best possible score; negative scores (failed episodes) count 0."""
-        return min(max(score, 0.0), self.max) / self.max
+        """Where a score sits on the env's scale, 0..1; scores outside it are clipped
+        (ScienceWorld scores a failed episode -100 on its 0..100 scale)."""
+        return min(max((score - self.min) / (self.max - self.min), 0.0), 1.0)
 
 
 class TaskRange(BaseModel):

@@ -67,9 +67,15 @@ def test_extra_templates_are_validated() -> None:
         (ScoreScale(min=0, max=100), 100, 1.0),
         (ScoreScale(min=0, max=1), 1, 1.0),
         (ScoreScale(min=0, max=1), 3, 1.0),
+        (ScoreScale(min=-1, max=1), 0, 0.5),  # a TextArena draw
     ],
 )
-def test_scores_normalise_to_the_fraction_of_the_best_score(
+def test_scores_normalise_to_their_place_on_the_env_scale(
     scale: ScoreScale, score: float, reward: float
 ) -> None:
     assert scale.normalise(score) == pytest.approx(reward)
+
+
+def test_a_score_scale_must_have_room() -> None:
+    with pytest.raises(ValidationError, match="must exceed min"):
+        ScoreScale(min=1, max=1)
