@@ -542,6 +542,10 @@ def test_ttl_deletes_the_finished_run_and_its_children(kube: ControlPlane, runs:
     runs.finish_pod("short-train", 0)
     runs.wait_condition("short", "Succeeded", "True", "TrainingSucceeded")
     eventually("the run deleted by its TTL", lambda: runs.get("short") is None or None)
+    # A finished run without a TTL stays, until a TTL is set on it.
+    assert runs.condition("life", "Failed")["status"] == "True"
+    runs.patch("life", {"ttlSecondsAfterFinished": 1})
+    eventually("the failed run deleted once it has a TTL", lambda: runs.get("life") is None or None)
     # The garbage collector notices a newly installed CRD's objects at its next discovery
     # (every 30 s), so this can take a while on a fresh cluster.
     eventually(

@@ -189,7 +189,7 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
             while not stopped:
                 event.clear()
                 pools[key] = spec.get("envPoolRef", {}).get("name", "")
-                delay = rt.settings.trainingrun_resync_seconds
+                delay: float | None = rt.settings.trainingrun_resync_seconds
                 try:
                     plan = await reconcile(rt, key[0], name)
                 except (KubeError, aiohttp.ClientError, TimeoutError) as error:
@@ -202,13 +202,16 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
                 else:
                     if plan is None or plan.delete_run:
                         return
-                    if lifecycle.is_finished(plan.status) and plan.wake_after is None:
-                        # A finished run without a TTL is a record: nothing left to watch.
-                        return
                     if plan.wake_after is not None:
-                        delay = min(delay, plan.wake_after)
+                        delay = min(rt.settings.trainingrun_resync_seconds, plan.wake_after)
+                    elif lifecycle.is_finished(plan.status):
+                        # A finished run without a TTL is a record: only an edit (say, a TTL
+                        # added later) wakes it.
+                        delay = None
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(event.wait(), timeout=max(delay, 0.1))
+                    await asyncio.wait_for(
+                        event.wait(), timeout=None if delay is None else max(delay, 0.1)
+                    )
         finally:
             wakes.pop(key, None)
             pools.pop(key, None)
