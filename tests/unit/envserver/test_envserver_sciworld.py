@@ -187,7 +187,7 @@ async def test_calls_run_off_the_event_loop_and_idle_sessions_free_their_jvm(
         assert health.status_code == 200
         assert not reset.done(), "a JVM call blocked the event loop"
         assert (await reset).status_code == 200
-        await asyncio.sleep(IDLE_TIMEOUT_S + 2)
+        await asyncio.sleep(IDLE_TIMEOUT_S + 4)
         expired = await client.post("/step", json={"id": session, "action": "look around"})
         assert expired.status_code == 404
         assert "expired" in expired.json()["error"]["message"]
