@@ -543,9 +543,14 @@ def test_ttl_deletes_the_finished_run_and_its_children(kube: ControlPlane, runs:
     runs.wait_condition("short", "Succeeded", "True", "TrainingSucceeded")
     eventually("the run deleted by its TTL", lambda: runs.get("short") is None or None)
     # A finished run without a TTL stays, until a TTL is set on it.
-    assert runs.condition("life", "Failed")["status"] == "True"
-    runs.patch("life", {"ttlSecondsAfterFinished": 1})
-    eventually("the failed run deleted once it has a TTL", lambda: runs.get("life") is None or None)
+    runs.create("kept", preflight={"enabled": False})
+    eventually("the training Job", lambda: runs.job("kept-train"))
+    runs.finish_pod("kept-train", 1)
+    runs.wait_condition("kept", "Failed", "True", "BackoffLimitExceeded")
+    time.sleep(2)  # a few resyncs
+    assert runs.get("kept") is not None
+    runs.patch("kept", {"ttlSecondsAfterFinished": 1})
+    eventually("the failed run deleted once it has a TTL", lambda: runs.get("kept") is None or None)
     # The garbage collector notices a newly installed CRD's objects at its next discovery
     # (every 30 s), so this can take a while on a fresh cluster.
     eventually(
