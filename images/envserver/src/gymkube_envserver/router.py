@@ -465,9 +465,11 @@ async def serve(settings: RouterSettings, started: asyncio.Event | None = None) 
         loop.add_signal_handler(signum, stop.set)
     try:
         await stop.wait()
+        log.info("gymkube-router stopping: finishing requests in flight")
     finally:
         await runner.cleanup()
         await router.stop()
+        log.info("gymkube-router stopped")
 
 
 def main(argv: list[str] | None = None) -> None:
