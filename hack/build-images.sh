@@ -114,7 +114,8 @@ for image in "${images[@]}"; do
 	ref=$PREFIX/$image:$TAG
 	log "building $ref ($dockerfile, target $target)"
 	started=$(now)
-	"$DOCKER" build --quiet --file "$REPO_ROOT/$dockerfile" --target "$target" --tag "$ref" \
+	# --network none: a step that tries to download anything fails instead of quietly succeeding.
+	"$DOCKER" build --quiet --network none --file "$REPO_ROOT/$dockerfile" --target "$target" --tag "$ref" \
 		--build-arg "BASE_IMAGE=${GYMKUBE_BASE_IMAGE:-gymkube/base:bookworm}" \
 		--build-arg "JRE_BASE_IMAGE=${GYMKUBE_JRE_BASE_IMAGE:-gymkube/base-jre:bookworm}" \
 		--build-arg "TRAINER_BASE_IMAGE=${GYMKUBE_BUILD_BASE_IMAGE:-gymkube/base-build:bookworm}" \
