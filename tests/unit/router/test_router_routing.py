@@ -9,6 +9,7 @@ import aiohttp
 import httpx
 import pytest
 import requests
+from gymkube_agentloop.client import EnvClient
 from gymkube_envserver.router import RouterStatus
 from gymkube_envserver.router_pool import address_token, token_address
 from gymkube_envserver.wire import MAX_ACTION_CHARS
@@ -214,6 +215,21 @@ async def test_seed_agentloop_flow_works_unchanged(pool: Pool) -> None:
                 break
         assert done
         assert "error" not in await post("close", {"id": env_id})
+
+
+async def test_gymkube_env_client_plays_through_the_router(pool: Pool) -> None:
+    async with aiohttp.ClientSession() as session:
+        env = EnvClient(pool.router.url, session=session)
+        assert (await env.tasks()).count > 0
+        session_id = await env.create()
+        reset = await env.reset(session_id, data_idx=3)
+        assert not reset.done
+        for _ in range(40):
+            if (await env.step(session_id, "<action>left</action>")).done:
+                break
+        else:
+            pytest.fail("episode did not end")
+        await env.close(session_id)
 
 
 def test_tasks_status_metrics_and_probes(pool: Pool) -> None:
