@@ -1,0 +1,39 @@
+"""Operator settings come from GYMKUBE_* variables, with clear refusals."""
+
+import pytest
+from gymkube_operator.main import kopf_settings
+from gymkube_operator.settings import OperatorSettings
+from pydantic import ValidationError
+
+pytestmark = pytest.mark.unit
+
+
+def test_namespaces_are_a_comma_separated_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GYMKUBE_NAMESPACES", "rl-train, rl-eval,")
+    assert OperatorSettings().namespaces == ["rl-train", "rl-eval"]
+
+
+def test_no_namespaces_means_the_whole_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GYMKUBE_NAMESPACES", raising=False)
+    assert OperatorSettings().namespaces == []
+
+
+def test_images_and_log_level_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GYMKUBE_ENVSERVER_IMAGE", "reg/envserver:7")
+    monkeypatch.setenv("GYMKUBE_LOG_LEVEL", "WARNING")
+    settings = OperatorSettings()
+    assert settings.envserver_image == "reg/envserver:7"
+    assert settings.log_level == "warning"
+
+
+def test_a_bad_value_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GYMKUBE_PROBE_CONCURRENCY", "0")
+    with pytest.raises(ValidationError, match="probe_concurrency"):
+        OperatorSettings()
+
+
+def test_kopf_bookkeeping_lives_under_the_gymkube_group() -> None:
+    config = kopf_settings(OperatorSettings())
+    assert config.persistence.finalizer == "gymkube.io/finalizer"
+    assert config.persistence.progress_storage.prefix == "gymkube.io"
+    assert config.persistence.diffbase_storage.prefix == "gymkube.io"
