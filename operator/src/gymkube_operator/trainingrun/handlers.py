@@ -42,17 +42,10 @@ async def _termination_message(rt: Runtime, namespace: str, job: str) -> str | N
     return None
 
 
-def _finished_job(job: Object | None) -> bool:
-    conditions = (job or {}).get("status", {}).get("conditions", []) or []
-    return any(
-        c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conditions
-    )
-
-
 async def observe(
     rt: Runtime, name: str, namespace: str, spec: TrainingRunSpec, status: TrainingRunStatus
 ) -> lifecycle.Observed:
-    """Read the pool and the run's children; names are fixed, so nothing is looked up twice."""
+    """Read the pool and the run's children: fixed names, one GET each."""
     pool = await rt.client.get(API_VERSION, "EnvPool", namespace, spec.env_pool_ref.name)
     if status.training is not None:
         api_version, kind = status.training.api_version, status.training.kind
@@ -68,7 +61,7 @@ async def observe(
     if spec.preflight.enabled and training is None:
         job_name = render.preflight_job_name(name)
         preflight_job = await rt.client.get("batch/v1", "Job", namespace, job_name)
-        if _finished_job(preflight_job):
+        if preflight_job is not None and lifecycle.job_finished(preflight_job):
             message = await _termination_message(rt, namespace, job_name)
     return lifecycle.Observed(
         pool=pool,

@@ -123,6 +123,10 @@ def _true(obj: Object, type_: str) -> Object | None:
     return None
 
 
+def job_finished(job: Object) -> bool:
+    return _true(job, "Complete") is not None or _true(job, "Failed") is not None
+
+
 def pool_state(pool: Object | None, pool_name: str) -> tuple[bool, str, str]:
     """(ready, reason, message) of the referenced EnvPool."""
     if pool is None:
