@@ -59,6 +59,7 @@ def token_address(token: str) -> str | None:
 
 
 _CACHED_PATHS = 32
+_NO_SUCH_NAME = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)}
 
 BackendState = Literal["ready", "draining", "unready", "dead", "retired", "unknown"]
 
@@ -143,7 +144,8 @@ class Pool:
         self._pollers: dict[str, asyncio.Task[None]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._room = asyncio.Event()
-        self._resolved = asyncio.Event()
+        # Set (and replaced) after every DNS resolution; waiters hold the one they saw.
+        self._resolution = asyncio.Event()
         self._resolve_now = asyncio.Event()
         self._poll_timeout = aiohttp.ClientTimeout(
             total=settings.poll_timeout, sock_connect=settings.connect_timeout
@@ -184,10 +186,10 @@ class Pool:
             raise RoutingError(ErrorCode.SESSION_NOT_FOUND, f"unknown session {session_id!r}")
         if self._settings.backends_dns:
             # Another replica may have seen this backend in DNS before we did.
+            resolution = self._resolution
             self._resolve_now.set()
-            self._resolved.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._resolved.wait(), self._settings.connect_timeout)
+                await asyncio.wait_for(resolution.wait(), self._settings.connect_timeout)
             backend = self._by_token.get(token)
             if backend is not None:
                 return backend
@@ -271,17 +273,20 @@ class Pool:
         host, _, port = target.rpartition(":")
         loop = asyncio.get_running_loop()
         while True:
+            self._resolve_now.clear()
             try:
                 infos = await loop.getaddrinfo(
                     host, int(port), family=socket.AF_INET, type=socket.SOCK_STREAM
                 )
                 self._set_addresses(f"{info[4][0]}:{port}" for info in infos)
             except OSError as exc:
-                # NXDOMAIN when the headless Service has no endpoints: every backend is gone.
                 log.warning("resolving %s failed: %s", host, exc)
-                self._set_addresses(())
-            self._resolved.set()
-            self._resolve_now.clear()
+                # No such name: the headless Service has no endpoints, every backend is gone.
+                # Anything else (a DNS timeout) says nothing about the backends: keep them.
+                if isinstance(exc, socket.gaierror) and exc.errno in _NO_SUCH_NAME:
+                    self._set_addresses(())
+            self._resolution.set()
+            self._resolution = asyncio.Event()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._resolve_now.wait(), self._settings.dns_interval)
 
