@@ -6,7 +6,7 @@ HACK_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HACK_DIR/lib/kind-common.sh"
 
 kind=$(kind_bin)
-if "$kind" get clusters 2>/dev/null | grep -qxF "$KIND_NAME"; then
+if "$kind" get clusters 2>/dev/null | grep -xF "$KIND_NAME" >/dev/null; then
 	"$kind" delete cluster --name "$KIND_NAME" --kubeconfig "$KIND_KUBECONFIG"
 fi
 rm -f "$KIND_KUBECONFIG"

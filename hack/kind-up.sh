@@ -13,7 +13,7 @@ source "$HACK_DIR/lib/kind-common.sh"
 
 "$HACK_DIR/ensure-docker.sh"
 kind=$(kind_bin)
-if "$kind" get clusters 2>/dev/null | grep -qxF "$KIND_NAME"; then
+if "$kind" get clusters 2>/dev/null | grep -xF "$KIND_NAME" >/dev/null; then
 	log "reusing kind cluster $KIND_NAME"
 	"$kind" export kubeconfig --name "$KIND_NAME" --kubeconfig "$KIND_KUBECONFIG" >/dev/null
 else

@@ -31,7 +31,7 @@ DEBIAN_PACKAGES=(containerd runc containernetworking-plugins iptables busybox-st
 ensure_packages() {
 	local missing=() pkg
 	for pkg in "${DEBIAN_PACKAGES[@]}"; do
-		dpkg-query -W -f '${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
+		dpkg-query -W -f '${Status}' "$pkg" 2>/dev/null | grep 'install ok installed' >/dev/null || missing+=("$pkg")
 	done
 	((${#missing[@]})) || return 0
 	log "installing ${missing[*]} from the Debian archive"
@@ -60,6 +60,7 @@ start_apiserver() {
 		--advertise-address "$ip" --bind-address 0.0.0.0 --secure-port "$APISERVER_PORT" \
 		--etcd-servers "http://127.0.0.1:$ETCD_PORT" --service-cluster-ip-range "$SERVICE_CIDR" \
 		--authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction --allow-privileged \
+		--kubelet-preferred-address-types InternalIP,Hostname \
 		--client-ca-file "$PKI_DIR/ca.crt" \
 		--tls-cert-file "$PKI_DIR/apiserver.crt" --tls-private-key-file "$PKI_DIR/apiserver.key" \
 		--kubelet-client-certificate "$PKI_DIR/apiserver-kubelet-client.crt" \
@@ -112,7 +113,7 @@ write_cni_config() {
 		  "name": "gymkube",
 		  "plugins": [
 		    {"type": "bridge", "bridge": "$CNI_BRIDGE", "isGateway": true, "ipMasq": false, "mtu": $mtu,
-		     "hairpinMode": true, "promiscMode": true,
+		     "hairpinMode": true,
 		     "ipam": {"type": "host-local", "dataDir": "$CNI_IPAM_DIR",
 		              "ranges": [[{"subnet": "$POD_CIDR", "gateway": "$BRIDGE_IP"}]],
 		              "routes": [{"dst": "0.0.0.0/0"}]}},
@@ -139,6 +140,9 @@ start_containerd() {
 		[plugins."io.containerd.grpc.v1.cri"]
 		  sandbox_image = "$PAUSE_IMAGE"
 		  netns_mounts_under_state_dir = true
+		  # Clamp oom_score_adj at containerd's own: lowering it needs CAP_SYS_RESOURCE, which
+		  # sandboxed hosts (and rootless setups) lack, and then every pod fails to start.
+		  restrict_oom_score_adj = true
 		  [plugins."io.containerd.grpc.v1.cri".containerd]
 		    snapshotter = "overlayfs"
 		    default_runtime_name = "runc"
@@ -243,6 +247,7 @@ cmd_up() {
 	log "host facts: cgroup $(stat -fc %T /sys/fs/cgroup), address $ip"
 	ensure_cgroups
 	ensure_sysctls
+	save_kernel_tunables
 	ensure_pki "$ip"
 	remember_if_missing /var/lib/cni /var/log/containers
 	ensure_bridge
@@ -294,6 +299,7 @@ cmd_down() {
 	remove_iptables
 	remove_bridge
 	remove_cgroups
+	restore_kernel_tunables
 	rm -f /var/lib/cni/results/gymkube-* 2>/dev/null || true
 	find /var/log/containers -maxdepth 1 -type l -lname "$CLUSTER_DIR/*" -delete 2>/dev/null || true
 	if [[ -f $CREATED_PATHS_FILE ]]; then

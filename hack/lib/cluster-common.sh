@@ -63,7 +63,7 @@ pid_of() {
 	[[ -f $file ]] || return 1
 	pid=$(<"$file")
 	# The PID must still be the binary we started (PIDs get reused after a reboot or crash).
-	[[ -r /proc/$pid/cmdline ]] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q -- "$1" || return 1
+	[[ -r /proc/$pid/cmdline ]] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -- "$1" >/dev/null || return 1
 	echo "$pid"
 }
 

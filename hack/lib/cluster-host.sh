@@ -12,6 +12,27 @@ remember_if_missing() {
 	done
 }
 
+# The kubelet sets these kernel tunables at start (kubelet protectKernelDefaults=false); `down`
+# puts back the values the host had before `up`.
+KUBELET_TUNABLES=(vm.overcommit_memory kernel.panic kernel.panic_on_oops)
+SAVED_TUNABLES_FILE=$CLUSTER_DIR/sysctl-before-up
+
+save_kernel_tunables() {
+	[[ -f $SAVED_TUNABLES_FILE ]] && return 0
+	local key
+	for key in "${KUBELET_TUNABLES[@]}"; do
+		echo "$key=$(sysctl -n "$key")"
+	done >"$SAVED_TUNABLES_FILE"
+}
+
+restore_kernel_tunables() {
+	[[ -f $SAVED_TUNABLES_FILE ]] || return 0
+	local setting
+	while IFS= read -r setting; do
+		sysctl -qw "$setting" || log "warning: could not restore $setting"
+	done <"$SAVED_TUNABLES_FILE"
+}
+
 ensure_sysctls() {
 	sysctl -qw net.ipv4.ip_forward=1
 	if [[ ! -e /proc/sys/net/bridge/bridge-nf-call-iptables ]]; then
@@ -88,7 +109,7 @@ ensure_bridge() {
 		ip link add "$CNI_BRIDGE" type bridge
 	fi
 	# The address exists before the first pod, so CoreDNS can listen on it from the start.
-	ip addr show dev "$CNI_BRIDGE" | grep -q "inet $BRIDGE_IP/" ||
+	ip addr show dev "$CNI_BRIDGE" | grep "inet $BRIDGE_IP/" >/dev/null ||
 		ip addr add "$BRIDGE_IP/${POD_CIDR#*/}" dev "$CNI_BRIDGE"
 	ip link set "$CNI_BRIDGE" up
 }

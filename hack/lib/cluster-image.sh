@@ -35,7 +35,7 @@ build_pause_archive() {
 	rm -rf "$rootfs"
 }
 
-# A shell-and-tools image from Debian's static busybox, for smoke tests (httpd, wget, nslookup).
+# A shell-and-tools image from Debian's static busybox, for smoke tests (httpd, nc, nslookup).
 build_busybox_archive() {
 	local out=$1 rootfs
 	[[ -x /bin/busybox ]] || die "/bin/busybox is missing (apt-get install busybox-static)"
@@ -45,30 +45,26 @@ build_busybox_archive() {
 	mkdir -p "$rootfs/bin" "$rootfs/tmp" "$rootfs/www"
 	cp /bin/busybox "$rootfs/bin/busybox"
 	local applet
-	for applet in sh httpd wget nslookup cat echo sleep hostname; do
+	for applet in sh httpd nc nslookup cat printf sleep; do
 		ln -s busybox "$rootfs/bin/$applet"
 	done
 	image_archive "$rootfs" "$BUSYBOX_IMAGE" '["/bin/sh"]' "$out"
 	rm -rf "$rootfs"
 }
 
-image_present() { ctr_k8s images ls -q 2>/dev/null | grep -qxF "docker.io/$1" || ctr_k8s images ls -q 2>/dev/null | grep -qxF "$1"; }
-
 # import_archive FILE: loads an image archive into the k8s.io namespace the kubelet uses.
 import_archive() {
 	ctr_k8s images import "$1" >/dev/null
 }
 
+# Rebuilt and re-imported on every `up` (about a second): a changed recipe takes effect, and an
+# unchanged one imports as a no-op because the layers are reproducible.
 ensure_local_images() {
 	local archive
 	archive=$(mktemp)
-	if ! image_present "$PAUSE_IMAGE"; then
-		build_pause_archive "$archive"
-		import_archive "$archive"
-	fi
-	if ! image_present "$BUSYBOX_IMAGE"; then
-		build_busybox_archive "$archive"
-		import_archive "$archive"
-	fi
+	build_pause_archive "$archive"
+	import_archive "$archive"
+	build_busybox_archive "$archive"
+	import_archive "$archive"
 	rm -f "$archive"
 }

@@ -58,7 +58,7 @@ ensure_pki() {
 	[[ -f $PKI_DIR/service-account.key ]] || openssl genrsa -out "$PKI_DIR/service-account.key" 2048 2>/dev/null
 	# The serving certificate names the host address, which can change between boots.
 	if [[ -f $PKI_DIR/apiserver.crt ]] && ! openssl x509 -in "$PKI_DIR/apiserver.crt" -noout -ext subjectAltName |
-		grep -q "IP Address:$ip\b"; then
+		grep "IP Address:$ip\b" >/dev/null; then
 		rm -f "$PKI_DIR/apiserver.crt"
 	fi
 	sign_cert apiserver "/CN=kube-apiserver" "basicConstraints=CA:FALSE

@@ -51,7 +51,7 @@ spec:
   - name: client
     image: $IMAGE
     imagePullPolicy: Never
-    command: [sleep, '3600']
+    command: [sh, -c, 'exec sleep 3600']
 YAML
 k -n "$NS" wait --for=condition=Ready pod/web pod/client --timeout=120s >/dev/null || fail "pods not Ready"
 log "pods Ready after $((SECONDS - start))s"
@@ -59,15 +59,17 @@ log "pods Ready after $((SECONDS - start))s"
 cluster_ip=$(k -n "$NS" get service web -o jsonpath='{.spec.clusterIP}')
 fqdn=web.$NS.svc.cluster.local
 # kube-proxy programs the Service a moment after the endpoints appear: poll, bounded.
-for url in "http://$cluster_ip/" "http://$fqdn/"; do
+# busybox nc, not wget: Debian's static busybox wget crashes (static glibc).
+for host in "$cluster_ip" "$fqdn"; do
 	deadline=$((SECONDS + 60))
-	until body=$(k -n "$NS" exec client -- wget -qO- -T 2 "$url" 2>/dev/null) && [[ $body == hello-from-web ]]; do
-		((SECONDS < deadline)) || fail "client could not fetch $url"
+	until k -n "$NS" exec client -- sh -c "printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 2 $host 80" 2>/dev/null |
+		grep -x hello-from-web >/dev/null; do
+		((SECONDS < deadline)) || fail "client could not fetch http://$host/"
 		sleep 1
 	done
-	log "client fetched $url"
+	log "client fetched http://$host/"
 done
-k -n "$NS" exec client -- nslookup "$fqdn" | grep -q "$cluster_ip" || fail "$fqdn does not resolve to $cluster_ip"
+k -n "$NS" exec client -- nslookup "$fqdn" | grep "$cluster_ip" >/dev/null || fail "$fqdn does not resolve to $cluster_ip"
 log "$fqdn resolves to $cluster_ip"
 k delete namespace "$NS" --wait=false >/dev/null
 log "passed in $((SECONDS - start))s"
