@@ -17,8 +17,12 @@ from typing import Any
 
 import kubernetes
 import pytest
+import yaml
 from controlplane import ControlPlane
 from gymkube_operator.crds.catalog import package_file
+from gymkube_operator.trainingrun import render
+from gymkube_operator.trainingrun.command import RunTarget
+from gymkube_operator.trainingrun.models import TrainingRunSpec
 from gymkube_operator.trainingrun.resource import TRAININGRUN
 from operator_support import (
     Cluster,
@@ -339,6 +343,38 @@ def test_the_example_applies_as_is(kube: ControlPlane, runs: Runs) -> None:
     result = kube.kubectl("apply", "--dry-run=server", "-n", runs.namespace, "-f", str(example))
     assert "trainingrun.gymkube.io/sciworld-grpo created (server dry run)" in result.stdout
     assert "envpool.gymkube.io/sciworld created (server dry run)" in result.stdout
+
+
+def test_the_examples_children_are_valid_kubernetes_objects(kube: ControlPlane, runs: Runs) -> None:
+    """The Job, preflight Job and ConfigMap rendered from the example pass the API server's own
+    validation (volumes, security contexts, resources), checked by a server-side dry run."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "trainingrun-sciworld-grpo.yaml"
+    (doc,) = [d for d in yaml.safe_load_all(example.read_text()) if d["kind"] == "TrainingRun"]
+    target = RunTarget(
+        name=doc["metadata"]["name"],
+        namespace=runs.namespace,
+        uid="6b1a0c0e-0000-4000-8000-000000000000",
+        spec=TrainingRunSpec.model_validate(doc["spec"]),
+        pool_url=f"http://sciworld.{runs.namespace}.svc:8000",
+        env="sciworld",
+        trainer_image="reg.example/trainer:1",
+        preflight_image="reg.example/preflight:1",
+        image_pull_policy="IfNotPresent",
+    )
+    children = [
+        render.config_map(target),
+        render.preflight_job(target),
+        render.training_job(target),
+    ]
+    result = kube.kubectl(
+        "apply",
+        "--server-side",
+        "--dry-run=server",
+        "-f",
+        "-",
+        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": children}),
+    )
+    assert result.stdout.count("serverside-applied (server dry run)") == 3
 
 
 def test_long_run_names_are_rejected(kube: ControlPlane, runs: Runs) -> None:
