@@ -106,7 +106,7 @@ class _Rollout:
     item_id: str = ""
     opening_length: int = 0
     messages: list[dict[str, str]] = field(default_factory=list)
-    prompt_ids: list[int] = field(default_factory=list)
+    # The prompt, then every response token; the last len(response_mask) are the response.
     runtime_ids: list[int] = field(default_factory=list)
     response_mask: list[int] = field(default_factory=list)
     response_logprobs: list[float] = field(default_factory=list)
@@ -223,9 +223,7 @@ class GymkubeEnvAgentLoop(AgentLoopBase):
                 rollout.ending, rollout.detail = first.ending, first.detail
                 return
             rollout.messages.append({"role": "user", "content": first.observation})
-            self._assert_mm_supported(False)
-            rollout.prompt_ids = await self.ct_build_initial_tokens(rollout.messages)
-            rollout.runtime_ids = list(rollout.prompt_ids)
+            rollout.runtime_ids = await self.ct_build_initial_tokens(rollout.messages)
             if first.done:
                 rollout.ending = Ending.DONE
                 return
@@ -240,7 +238,7 @@ class GymkubeEnvAgentLoop(AgentLoopBase):
     ) -> Ending:
         full_determinism = bool(self.rollout_config.get("full_determinism", False))
         request_id = f"det-{priority}" if full_determinism else uuid4().hex
-        for _ in range(self.max_turns):
+        while True:
             budget = self.response_length - len(rollout.response_mask)
             if budget <= 0:
                 return Ending.RESPONSE_LENGTH
@@ -276,7 +274,7 @@ class GymkubeEnvAgentLoop(AgentLoopBase):
             if len(rollout.response_mask) >= self.response_length:
                 return Ending.RESPONSE_LENGTH
             if rollout.replies >= self.max_turns:
-                break
+                return Ending.MAX_TURNS
             previous = list(rollout.messages)
             observation = self._fit_observation(turn.observation)
             rollout.messages.append({"role": "user", "content": observation})
@@ -289,7 +287,6 @@ class GymkubeEnvAgentLoop(AgentLoopBase):
             )
             rollout.runtime_ids = merged.token_ids
             rollout.response_logprobs = logprobs or []
-        return Ending.MAX_TURNS
 
     def _note_generation(self, rollout: _Rollout, output: Any) -> None:
         preempted = output.num_preempted if output.num_preempted is not None else 0
@@ -302,7 +299,9 @@ class GymkubeEnvAgentLoop(AgentLoopBase):
     def _fit_observation(self, text: str) -> str:
         """Cut an observation to the token budget: one verbose turn must not eat the response."""
         budget = self.max_observation_tokens
-        if budget is None:
+        # No tokenizer makes more tokens than UTF-8 bytes (plus a leading-space marker), so
+        # short observations skip tokenization, which is most of this method's cost.
+        if budget is None or len(text.encode()) < budget:
             return text
         ids = self._tokenizer.encode(text, add_special_tokens=False)
         if len(ids) <= budget:
