@@ -24,9 +24,17 @@ from gymkube_operator.runtime import Runtime
 
 PoolKey = tuple[str, str]
 WAKE_DEBOUNCE_SECONDS = 0.2
-PoolIndex = kopf.Index[PoolKey, "Object"]
-# Fields of children and pods the watchdog reads; indexes keep only these to bound memory.
-_KEPT_STATUS = ("replicas", "readyReplicas", "updatedReplicas", "observedGeneration")
+PoolIndex = kopf.Index[PoolKey, Object]
+# The status fields of a StatefulSet or Deployment the pool status reads; indexes keep only these
+# (and only what the watchdog reads of pods) to bound the operator's memory.
+WORKLOAD_STATUS = (
+    "replicas",
+    "readyReplicas",
+    "updatedReplicas",
+    "observedGeneration",
+    "currentRevision",
+    "updateRevision",
+)
 
 
 def _slim_workload(body: kopf.Body) -> Object:
@@ -34,11 +42,7 @@ def _slim_workload(body: kopf.Body) -> Object:
     return {
         "kind": body["kind"],
         "metadata": {"generation": body["metadata"].get("generation", 1)},
-        "status": {
-            k: status[k]
-            for k in (*_KEPT_STATUS, "currentRevision", "updateRevision")
-            if k in status
-        },
+        "status": {k: status[k] for k in WORKLOAD_STATUS if k in status},
     }
 
 
