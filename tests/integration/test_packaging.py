@@ -4,7 +4,12 @@ ServiceAccount can do exactly what the operator does."""
 from __future__ import annotations
 
 import json
+import re
+import socket
 import subprocess
+import sys
+import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -341,3 +346,84 @@ def test_service_account_can_apply_every_envpool_child(
     assert applied.count("serverside-applied") == len(children), applied
     with pytest.raises(KubectlError, match="forbidden"):
         kube.kubectl("get", "secrets", f"--namespace={namespace}", f"--as={user}")
+
+
+def chart_operator_env(kube: ControlPlane, namespace: str, *args: str) -> dict[str, str]:
+    """The GYMKUBE_* settings the chart's Deployment gives the operator container."""
+    rendered = helm_template(kube, namespace, "--show-only", "templates/deployment.yaml", *args)
+    container = yaml.safe_load(rendered)["spec"]["template"]["spec"]["containers"][0]
+    return {item["name"]: item["value"] for item in container["env"]}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(what: str, probe: Callable[[], bool], log: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not probe():
+        if time.monotonic() > deadline:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what}; operator log:\n{tail}")
+        time.sleep(0.3)
+
+
+def healthz_answers(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+@pytest.mark.usefixtures("crds")
+def test_operator_as_chart_sa(
+    kube: ControlPlane, namespace: str, install_rbac: Callable[..., str], tmp_path: Path
+) -> None:
+    """The real operator, authenticated as the chart's ServiceAccount and configured by the
+    chart's environment, answers the probes' /healthz, builds a pool's children and writes its
+    status, and is never refused by the API server. (The test name is short because the namespace
+    ends up in a certificate CN, which holds at most 64 bytes.)"""
+    user = install_rbac()
+    credentials = kube.kubeconfig_for_user(
+        user, groups=["system:serviceaccounts", f"system:serviceaccounts:{namespace}"]
+    )
+    env = {**kube.env(), **chart_operator_env(kube, namespace), "KUBECONFIG": str(credentials)}
+    env["GYMKUBE_LIVENESS_PORT"] = str(port := free_port())
+    log_path = tmp_path / "operator.log"
+    pool = {"apiVersion": "gymkube.io/v1alpha1", "kind": "EnvPool", "metadata": {"name": "lake"},
+            "spec": {"env": "frozen_lake", "replicas": 1}}  # fmt: skip
+    ns = f"--namespace={namespace}"
+    with log_path.open("wb") as log:
+        operator = subprocess.Popen(
+            [str(Path(sys.executable).parent / "gymkube-operator")],
+            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    try:
+        wait_for("the operator's /healthz", lambda: healthz_answers(port), log_path)
+        kube.kubectl("apply", "--server-side", ns, "-f", "-", input=yaml.safe_dump(pool))
+
+        def children_and_status() -> bool:
+            found = kube.kubectl(
+                "get", ns, "statefulset/lake", "deployment/lake-router", "service/lake",
+                "service/lake-backends", "poddisruptionbudget/lake", "-o", "name", check=False,
+            )  # fmt: skip
+            status = kube.kubectl("get", ns, "envpool/lake", "-o", "jsonpath={.status}").stdout
+            return found.returncode == 0 and '"conditions"' in status
+
+        wait_for("the pool's children and status", children_and_status, log_path)
+        kube.kubectl("delete", ns, "envpool/lake", f"--timeout={TIMEOUT_S}s")
+    finally:
+        operator.terminate()
+        try:
+            operator.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            operator.kill()
+            operator.wait()
+    log_text = log_path.read_text(errors="replace")
+    refused = [
+        line for line in log_text.splitlines() if re.search(r"forbidden|\b403\b", line, re.I)
+    ]
+    assert refused == [], "\n".join(refused)
