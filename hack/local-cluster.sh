@@ -276,22 +276,21 @@ cmd_up() {
 
 cmd_down() {
 	require_root
-	local start=$SECONDS component path id
-	for component in coredns kube-proxy kube-scheduler kube-controller-manager kubelet; do
-		stop_component "$component"
-	done
+	local start=$SECONDS path id
+	stop_components coredns kube-proxy kube-scheduler kube-controller-manager kubelet
 	# Ask containerd to remove its containers while it still runs (shims clean up after
 	# themselves); whatever is left in the cgroup is killed below.
+	local containers=()
 	if is_running containerd; then
-		local ids
-		ids=$(ctr_k8s tasks ls -q 2>/dev/null || true)
-		for id in $ids; do ctr_k8s tasks kill -s SIGKILL "$id" >/dev/null 2>&1 || true; done
-		for id in $ids; do ctr_k8s tasks delete -f "$id" >/dev/null 2>&1 || true; done
+		mapfile -t containers < <(ctr_k8s containers ls -q 2>/dev/null || true)
+		for id in $(ctr_k8s tasks ls -q 2>/dev/null || true); do
+			ctr_k8s tasks kill -s SIGKILL "$id" >/dev/null 2>&1 || true
+			ctr_k8s tasks delete -f "$id" >/dev/null 2>&1 || true
+		done
 	fi
-	stop_component containerd
+	stop_components containerd
 	kill_cgroup_processes
-	stop_component kube-apiserver
-	stop_component etcd
+	stop_components kube-apiserver etcd
 	unmount_all
 	if [[ -x $GYMKUBE_BIN_DIR/kube-proxy ]]; then
 		"$GYMKUBE_BIN_DIR/kube-proxy" --cleanup >/dev/null 2>&1 || true
@@ -300,7 +299,10 @@ cmd_down() {
 	remove_bridge
 	remove_cgroups
 	restore_kernel_tunables
-	rm -f /var/lib/cni/results/gymkube-* 2>/dev/null || true
+	# libcni caches each attachment's result under /var/lib/cni, named after the container.
+	for id in "${containers[@]}"; do
+		rm -f /var/lib/cni/results/*-"$id"-* 2>/dev/null || true
+	done
 	find /var/log/containers -maxdepth 1 -type l -lname "$CLUSTER_DIR/*" -delete 2>/dev/null || true
 	if [[ -f $CREATED_PATHS_FILE ]]; then
 		while IFS= read -r path; do

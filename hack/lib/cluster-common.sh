@@ -81,17 +81,25 @@ start_component() {
 	echo $! >"$PID_DIR/$name.pid"
 }
 
-stop_component() {
-	local name=$1 pid waited
-	if pid=$(pid_of "$name"); then
-		kill -TERM "$pid" 2>/dev/null || true
-		for ((waited = 0; waited < 100; waited++)); do
-			kill -0 "$pid" 2>/dev/null || break
-			sleep 0.1
+# stop_components NAME...: SIGTERM to all at once, then SIGKILL to any still running after 10s.
+stop_components() {
+	local name pid pids=() waited
+	for name in "$@"; do
+		if pid=$(pid_of "$name"); then
+			kill -TERM "$pid" 2>/dev/null || true
+			pids+=("$pid")
+		fi
+		rm -f "$PID_DIR/$name.pid"
+	done
+	for ((waited = 0; waited < 100 && ${#pids[@]} > 0; waited++)); do
+		for pid in "${!pids[@]}"; do
+			kill -0 "${pids[$pid]}" 2>/dev/null || unset 'pids[$pid]'
 		done
+		((${#pids[@]})) && sleep 0.1
+	done
+	for pid in "${pids[@]}"; do
 		kill -KILL "$pid" 2>/dev/null || true
-	fi
-	rm -f "$PID_DIR/$name.pid"
+	done
 }
 
 # wait_for DESCRIPTION TIMEOUT_S COMMAND...: polls COMMAND until it succeeds.
