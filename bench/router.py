@@ -15,6 +15,7 @@ sessions take each route, swapped every round (sciworld). Prints one JSON docume
   itself is the bottleneck: the router's floor, without idle wake-ups.
 - latency: 64 sessions stepping with 50 ms think time on two FrozenLake servers; per-step
   latency through the router minus direct. Targets: p50 <= 1 ms, p99 <= 3 ms.
+  latency_8_sessions: the same with 8 sessions, the env servers far from busy.
 - sciworld: steps/s through the router / direct on two ScienceWorld servers (env-bound).
   Target ratio >= 0.95.
 
@@ -33,6 +34,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -477,11 +479,13 @@ async def bench_cpu_router_bound(procs: Procs, window: float, rounds: int) -> di
     }
 
 
-async def bench_latency(procs: Procs, window: float, rounds: int) -> dict[str, Any]:
+async def bench_latency(
+    procs: Procs, window: float, rounds: int, sessions_count: int = 64
+) -> dict[str, Any]:
     backends = [procs.env_server(max_sessions=40, warm=4) for _ in range(2)]
     router = procs.router_for(backends, fast_polling=False)
     wait_all(*backends, router)
-    sessions = await open_sessions(router, 64)
+    sessions = await open_sessions(router, sessions_count)
     load = Load(sessions, FROZEN_LAKE_MOVES, think=0.05)
     plan = [Route("router", router, routed=True), Route("direct")]
     totals: dict[str, Window] = {}
@@ -489,8 +493,8 @@ async def bench_latency(procs: Procs, window: float, rounds: int) -> dict[str, A
         merge(totals, await load.run([plan] * len(sessions), window))
     direct, routed = totals["direct"].step_latencies, totals["router"].step_latencies
     result: dict[str, Any] = {
-        "setup": "2 FrozenLake servers, 64 sessions, 50 ms think time, each step alternating "
-        "router / direct",
+        "setup": f"2 FrozenLake servers, {sessions_count} sessions, 50 ms think time, each step "
+        "alternating router / direct",
         "samples": {"direct": len(direct), "router": len(routed)},
     }
     for name, q in (("p50", 50), ("p99", 99)):
@@ -569,6 +573,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         ("cpu", bench_cpu),
         ("cpu_router_bound", bench_cpu_router_bound),
         ("latency", bench_latency),
+        # The same with the env servers far from busy: what one more hop costs on its own.
+        ("latency_8_sessions", partial(bench_latency, sessions_count=8)),
     ]
     if args.sciworld:
         benches.append(("sciworld", bench_sciworld))
