@@ -21,6 +21,16 @@ help: ## Show this help.
 	  /^[a-zA-Z_0-9-]+:.*?##/ { printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2 } \
 	  /^##@/ { printf "\n\033[1m%s\033[0m\n", substr($$0, 5) }' $(MAKEFILE_LIST)
 
+##@ Run it (docs/quickstart.md)
+
+.PHONY: up
+up: install ## Cluster (kind, else local) + images + chart + example pools + a CPU preflight run.
+	$(PY) hack/up.py up
+
+.PHONY: down
+down: install ## Undo `make up`: examples, chart, and the cluster if `make up` started it.
+	$(PY) hack/up.py down
+
 ##@ Development
 
 $(VENV)/.installed: $(LOCK) images/envserver/pyproject.toml agentloop/pyproject.toml operator/pyproject.toml
