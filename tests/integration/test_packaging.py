@@ -227,7 +227,10 @@ def install_rbac(kube: ControlPlane, namespace: str) -> Iterator[Callable[..., s
         )  # fmt: skip
         kube.kubectl("apply", "--server-side", "-f", "-", input=manifests)
         installed.append(manifests)
-        return f"system:serviceaccount:{namespace}:{RELEASE}"
+        account = next(
+            doc for doc in yaml.safe_load_all(manifests) if doc and doc["kind"] == "ServiceAccount"
+        )
+        return f"system:serviceaccount:{namespace}:{account['metadata']['name']}"
 
     yield install
     for manifests in installed:
@@ -379,18 +382,20 @@ def healthz_answers(port: int) -> bool:
 
 
 @pytest.mark.usefixtures("crds")
-def test_operator_as_chart_sa(
+def test_operator_rbac(
     kube: ControlPlane, namespace: str, install_rbac: Callable[..., str], tmp_path: Path
 ) -> None:
     """The real operator, authenticated as the chart's ServiceAccount and configured by the
     chart's environment, answers the probes' /healthz, builds a pool's children and writes its
-    status, and is never refused by the API server. (The test name is short because the namespace
-    ends up in a certificate CN, which holds at most 64 bytes.)"""
-    user = install_rbac()
+    status, and is never refused by the API server."""
+    # A short ServiceAccount name: the user name becomes a certificate CN of at most 64 bytes.
+    values = ("--set", "serviceAccount.name=op")
+    user = install_rbac(*values)
     credentials = kube.kubeconfig_for_user(
         user, groups=["system:serviceaccounts", f"system:serviceaccounts:{namespace}"]
     )
-    env = {**kube.env(), **chart_operator_env(kube, namespace), "KUBECONFIG": str(credentials)}
+    env = {**kube.env(), **chart_operator_env(kube, namespace, *values)}
+    env["KUBECONFIG"] = str(credentials)
     env["GYMKUBE_LIVENESS_PORT"] = str(port := free_port())
     log_path = tmp_path / "operator.log"
     pool = {"apiVersion": "gymkube.io/v1alpha1", "kind": "EnvPool", "metadata": {"name": "lake"},
