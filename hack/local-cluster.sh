@@ -335,12 +335,10 @@ cmd_load_image() {
 	(($#)) || die "usage: $0 load-image IMAGE..."
 	is_running containerd || die "the local cluster is not up (run: $0 up)"
 	command -v docker >/dev/null || die "docker is needed to export images"
-	local image
-	for image in "$@"; do
-		log "loading $image"
-		docker save "$image" | ctr_k8s images import - >/dev/null ||
-			die "could not load $image (does \`docker image inspect $image\` find it?)"
-	done
+	log "loading $*"
+	# One archive for all: layers the images share are exported and imported once.
+	docker save "$@" | ctr_k8s images import - >/dev/null ||
+		die "could not load $* (does \`docker image inspect\` find each of them?)"
 }
 
 main() {

@@ -70,18 +70,15 @@ def cluster(settings: E2ESettings) -> Cluster:
 
 def _chart_values(settings: E2ESettings) -> dict[str, Any]:
     """Values pointing the chart at the images under test (loaded into the cluster, not pulled)."""
+    tag = {"tag": settings.image_tag}
     return {
-        "image": {
-            "repository": "gymkube/operator",
-            "tag": settings.image_tag,
+        "image": {"tag": settings.image_tag, "pullPolicy": settings.image_pull_policy},
+        "defaultImages": {
+            "envServer": tag,
+            "router": tag,
+            "preflight": tag,
             "pullPolicy": settings.image_pull_policy,
         },
-        "envPool": {
-            "envserverImage": settings.image("envserver"),
-            "routerImage": settings.image("router"),
-            "imagePullPolicy": settings.image_pull_policy,
-        },
-        "trainingRun": {"preflightImage": settings.preflight_image},
     }
 
 

@@ -64,13 +64,15 @@ class E2ESettings(BaseSettings):
     pool_ready_timeout_s: float = Field(
         600.0, description="EnvPool apply → Ready (ScienceWorld starts JVMs)."
     )
-    preflight_image: str = Field(
-        "gymkube/envserver:0.1.0", description="Image with gymkube-preflight on its PATH."
-    )
     pod_start_timeout_s: float = Field(180.0, description="A replaced env pod becoming Ready.")
 
     def image(self, component: str) -> str:
         return f"gymkube/{component}:{self.image_tag}"
+
+    @property
+    def preflight_image(self) -> str:
+        """The image with gymkube-preflight, as the operator's preflight Jobs use."""
+        return self.image("preflight")
 
 
 def wait_until(
