@@ -90,11 +90,13 @@ def kube_version(kube: ControlPlane) -> str:
 
 
 def dry_run(kube: ControlPlane, manifests: str) -> list[str]:
-    """Server-side dry-run apply; returns kubectl's `<kind>/<name> ... (server dry run)` lines."""
+    """Server-side dry-run apply; returns kubectl's `<kind>/<name> ... (server dry run)` lines.
+    Warnings fail it too, e.g. a pod template that a restricted namespace would refuse."""
     result = kube.kubectl(
         "apply", "--server-side", "--dry-run=server", "--field-manager=gymkube-packaging-test",
         "-f", "-", input=manifests,
     )  # fmt: skip
+    assert "Warning" not in result.stderr, result.stderr
     return result.stdout.splitlines()
 
 
@@ -143,8 +145,9 @@ def watched_namespaces(kube: ControlPlane) -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def base_namespace(kube: ControlPlane) -> Iterator[None]:
-    """gymkube-system, which the kustomize base puts its namespaced objects into."""
-    ensure_namespace(kube, BASE_NAMESPACE)
+    """gymkube-system as the kustomize base makes it (restricted Pod Security Standard)."""
+    base_namespace_file = REPO_ROOT / "kustomize" / "base" / "operator" / "namespace.yaml"
+    kube.kubectl("apply", "--server-side", "-f", str(base_namespace_file))
     yield
     kube.kubectl("delete", "namespace", BASE_NAMESPACE, "--wait=false")
 
@@ -184,6 +187,8 @@ def test_values_schema_rejects_typos_and_bad_values(
 def test_chart_scenario_passes_server_side_dry_run(
     kube: ControlPlane, namespace: str, scenario: Path
 ) -> None:
+    # The operator pod must be admitted where only the restricted Pod Security Standard is.
+    kube.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
     manifests = helm_template(kube, namespace, "--values", str(scenario))
     applied = dry_run(kube, manifests)
     assert any(line.startswith(f"deployment.apps/{RELEASE}") for line in applied), applied
