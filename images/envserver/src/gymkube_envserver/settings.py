@@ -30,6 +30,11 @@ class ServerSettings(BaseSettings):
     port: int = Field(default=8000, ge=0, le=65_535, description="Port to bind (0: any free).")
     max_sessions: int = Field(default=16, ge=1, description="Most open sessions at once.")
     warm: int = Field(default=2, ge=0, description="Started envs kept ready for /create.")
+    warm_up_resets: int = Field(
+        default=3,
+        ge=0,
+        description="Resets a new warm-pool env runs before it is handed out (ScienceWorld JIT).",
+    )
     idle_timeout: float = Field(
         default=600.0, ge=0, description="Close sessions idle this many seconds (0: never)."
     )

@@ -49,8 +49,8 @@ SPLITS = ("train", "dev", "test")
 INFO_KEYS = ("moves", "score", "reward", "variationIdx", "taskName", "simplificationStr")
 """ScienceWorld step info passed on; look/inventory/valid-action lists stay out (large)."""
 JVM_EXIT_WAIT_S = 5.0
-WARM_UP_ENTRIES = (0, 2_000, 3_500)
-"""data_idx values loaded once by a new warm-pool JVM (different tasks)."""
+WARM_UP_STRIDE = 1_543
+"""Spacing of the data_idx values a warm-up loads, so they hit many different tasks."""
 
 
 class SciWorldConfig(BaseModel):
@@ -209,8 +209,8 @@ class SciWorldInstance(EnvInstance):
         # A fresh JVM loads its first tasks several times slower than later ones (class loading,
         # JIT); paying that here keeps it off the first /reset.
         entries = self._backend.entries
-        for index in WARM_UP_ENTRIES:
-            task_name, variation = entries[index % len(entries)]
+        for count in range(self._backend.warm_up_resets):
+            task_name, variation = entries[count * WARM_UP_STRIDE % len(entries)]
             await self._run(self._load, task_name, variation, SciWorldConfig())
             await self._run(self._env.step, "look around")
 
@@ -240,6 +240,7 @@ class SciWorldBackend(EnvBackend):
         if settings.jvm_options and "JAVA_TOOL_OPTIONS" not in os.environ:
             os.environ["JAVA_TOOL_OPTIONS"] = settings.jvm_options
         self._cache_dir = settings.cache_path
+        self.warm_up_resets = settings.warm_up_resets
         self._executor = ThreadPoolExecutor(settings.thread_count, thread_name_prefix="sciworld")
         self._table: TaskTable | None = None
         self._tasks: TasksResponse | None = None
