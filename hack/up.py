@@ -40,7 +40,7 @@ from typing import Any, Literal
 import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pyhelm3 import Client as HelmClient
 
@@ -956,7 +956,13 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1 or argv[0] not in ("up", "down"):
         print("usage: hack/up.py up|down", file=sys.stderr)
         return 2
-    settings = UpSettings()
+    try:
+        settings = UpSettings()
+    except ValidationError as err:
+        for problem in err.errors():
+            name = "GYMKUBE_UP_" + "_".join(str(part) for part in problem["loc"]).upper()
+            print(f"make {argv[0]}: {name}: {problem['msg']}", file=sys.stderr)
+        return 2
     started = time.monotonic()
     try:
         up(settings) if argv[0] == "up" else down(settings)

@@ -1,0 +1,98 @@
+"""The examples `make up` applies are valid for the operator, as written and with the small-node
+overrides, and the frozen-lake run is a run verl itself accepts."""
+
+import pathlib
+from typing import Any
+
+import pytest
+import yaml
+from gymkube_operator.envpool.models import EnvPoolSpec
+from gymkube_operator.trainingrun import command
+from gymkube_operator.trainingrun.command import RunTarget
+from gymkube_operator.trainingrun.models import TrainingRunSpec
+from up_module import REPO, up
+
+pytestmark = pytest.mark.unit
+
+EXAMPLES = REPO / "examples"
+
+
+def docs(path: pathlib.Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def by_kind(objects: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
+
+
+@pytest.mark.parametrize("small", [False, True], ids=["as-written", "small-node"])
+def test_every_example_make_up_applies_is_a_valid_pool_or_run(small: bool) -> None:
+    objects = up.example_objects(small)
+    pools = by_kind(objects, "EnvPool")
+    runs = by_kind(objects, "TrainingRun")
+    assert set(pools) == {"sciworld", "frozen-lake"}
+    assert set(runs) == {"frozen-lake-grpo"}
+    for pool in pools.values():
+        EnvPoolSpec.model_validate(pool["spec"])
+    run = TrainingRunSpec.model_validate(runs["frozen-lake-grpo"]["spec"])
+    assert run.env_pool_ref.name in pools
+    assert run.preflight.enabled
+
+
+def test_small_node_overrides_change_only_sizes_never_the_pools_identity() -> None:
+    full = by_kind(up.example_objects(False), "EnvPool")
+    small = by_kind(up.example_objects(True), "EnvPool")
+    for name in full:
+        for key in ("env", "replicas"):
+            assert small[name]["spec"][key] == full[name]["spec"][key]
+    # The point of the overrides: ScienceWorld starts fewer JVMs and asks for less.
+    assert (
+        small["sciworld"]["spec"]["warmSessionsPerReplica"]
+        < (full["sciworld"]["spec"]["warmSessionsPerReplica"])
+    )
+    requested = sum(
+        up.cpu_cores(p["spec"]["resources"]["requests"]["cpu"]) * p["spec"]["replicas"]
+        for p in small.values()
+    )
+    assert requested < 1.0, f"small-node pools still ask for {requested} CPUs"
+
+
+def test_the_frozen_lake_pool_holds_every_episode_the_run_plays_at_once() -> None:
+    (pool,) = docs(EXAMPLES / "envpool-frozenlake.yaml")
+    (run,) = docs(EXAMPLES / "trainingrun-frozenlake-preflight.yaml")
+    overrides = dict(o.split("=", 1) for o in run["spec"]["overrides"])
+    in_flight = int(overrides["data.train_batch_size"]) * int(
+        overrides["actor_rollout_ref.rollout.n"]
+    )
+    capacity = pool["spec"]["replicas"] * pool["spec"]["sessionsPerReplica"]
+    assert in_flight <= capacity
+
+
+def test_the_frozen_lake_run_passes_verls_own_validation_on_one_gpu() -> None:
+    """What verl's main_ppo checks before it starts: batch sizes fit the one GPU asked for."""
+    from hydra import compose, initialize_config_dir
+    from verl.trainer.main_ppo import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    (run,) = docs(EXAMPLES / "trainingrun-frozenlake-preflight.yaml")
+    target = RunTarget(
+        name=run["metadata"]["name"],
+        namespace="default",
+        uid="uid-1",
+        spec=TrainingRunSpec.model_validate(run["spec"]),
+        pool_url="http://frozen-lake.default.svc:8000",
+        env="frozen_lake",
+        trainer_image="gymkube/trainer:0.1.0",
+        preflight_image="gymkube/preflight:0.1.0",
+        image_pull_policy="IfNotPresent",
+    )
+    import verl
+
+    config_dir = pathlib.Path(verl.__file__).parent / "trainer" / "config"
+    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=command.verl_overrides(target))
+    assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (1, 1)
+    assert cfg.actor_rollout_ref.model.path == "Qwen/Qwen2.5-0.5B-Instruct"
+    validate_config(
+        config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg)
+    )

@@ -1,0 +1,89 @@
+"""hack/up.py's own behaviour: waits that show progress and end with a clear error, subprocess
+steps that fail with their name, the cluster choice a user forces, usage errors."""
+
+import subprocess
+import sys
+
+import pytest
+from up_module import REPO, up
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_wait_prints_each_change_once_and_times_out_naming_what_it_waited_for(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    states = iter(["0/2 ready", "0/2 ready", "1/2 ready", "1/2 ready"] + ["1/2 ready"] * 100)
+    with pytest.raises(up.UpError, match=r"sciworld not ready after 0s: 1/2 ready"):
+        up.poll("sciworld", lambda: (False, next(states)), timeout=0.3, interval=0.01)
+    out = capsys.readouterr().out
+    assert out.count("sciworld: 0/2 ready") == 1
+    assert out.count("sciworld: 1/2 ready") == 1
+
+
+def test_a_wait_returns_once_done(capsys: pytest.CaptureFixture[str]) -> None:
+    states = iter([(False, "starting"), (True, "1/1 available")])
+    up.poll("operator", lambda: next(states), timeout=5, interval=0.01)
+    assert "operator: ready in" in capsys.readouterr().out
+
+
+def test_a_failing_step_names_itself_and_its_exit_code() -> None:
+    with pytest.raises(up.UpError, match=r"image load failed \(exit 3\)"):
+        up.run_streamed(["bash", "-c", "echo loading; exit 3"], what="image load")
+
+
+def test_a_step_returns_its_stdout_lines_for_the_caller() -> None:
+    lines = up.run_streamed(["bash", "-c", "echo log >&2; echo /tmp/kubeconfig"], what="cluster")
+    assert lines == ["/tmp/kubeconfig"]
+
+
+@pytest.mark.parametrize("forced", ["kind", "local"])
+def test_a_forced_cluster_is_used_as_is(forced: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GYMKUBE_UP_CLUSTER", forced)
+    kind = {"name": "gymkube", "image": "kindest/node:v1.34.0", "kubeconfig": "/x"}
+    assert up.choose_cluster(up.UpSettings(), kind) == (forced, "GYMKUBE_UP_CLUSTER")
+
+
+def test_a_bad_setting_is_refused_before_anything_starts() -> None:
+    result = subprocess.run(
+        [sys.executable, str(REPO / "hack" / "up.py"), "up"],
+        env={"GYMKUBE_UP_CLUSTER": "minikube", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "GYMKUBE_UP_CLUSTER" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_an_unknown_command_prints_usage() -> None:
+    result = subprocess.run(
+        [sys.executable, str(REPO / "hack" / "up.py"), "sideways"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "usage: hack/up.py up|down" in result.stderr
+
+
+def test_the_preflight_summary_reads_as_one_line_per_fact() -> None:
+    summary = {
+        "ok": True,
+        "env": "frozen_lake",
+        "policy": "scripted",
+        "episodes": 4,
+        "endings": {"done": 4},
+        "env_errors": {},
+        "latency_ms": {"create": {"p50": 12.5}, "step": {"p50": 3.2}, "close": {}},
+        "mean_score": 0.5,
+        "mean_steps": 6.25,
+    }
+    assert list(up.preflight_lines(summary)) == [
+        "4 scripted episodes on frozen_lake: done 4; mean score 0.50, mean steps 6.2",
+        "env errors: none",
+        "latency p50 (ms): create 12, step 3",
+    ]
