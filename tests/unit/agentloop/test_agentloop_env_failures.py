@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import urllib.request
 from collections.abc import Callable
@@ -16,6 +17,10 @@ from transformers import PreTrainedTokenizerFast
 pytestmark = pytest.mark.unit
 
 WINNING_TASK, WINNING_REPLIES = "frozen_lake_3", ["<action>down</action>"] * 2
+REFUSED_CREATES = re.compile(
+    r'^gymkube_envserver_requests_total\{(?=.*"/create")(?=.*"at_capacity").*\} (\S+)$',
+    re.MULTILINE,
+)
 
 
 def post(url: str, body: dict[str, object]) -> dict[str, object]:
@@ -25,6 +30,13 @@ def post(url: str, body: dict[str, object]) -> dict[str, object]:
     with urllib.request.urlopen(request, timeout=5) as reply:
         answer: dict[str, object] = json.load(reply)
         return answer
+
+
+def refused_creates(url: str) -> float:
+    """How many /create calls the server has answered 503 at_capacity (from its /metrics)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    return sum(float(m.group(1)) for m in REFUSED_CREATES.finditer(text))
 
 
 async def test_a_server_killed_mid_episode_ends_the_trajectory_within_two_seconds(
@@ -69,7 +81,11 @@ async def test_a_full_pool_is_waited_out_as_its_retry_after_says(
     trajectory = asyncio.create_task(
         run_row(instantiate_loop("gymkube_env", llm, tokenizer), WINNING_TASK)
     )
-    await asyncio.sleep(0.3)
+    # Free the slot as soon as the pool has turned the trajectory's /create away.
+    for _ in range(600):
+        if await asyncio.to_thread(refused_creates, server.url):
+            break
+        await asyncio.sleep(0.05)
     post(server.url + "/close", {"id": blocker})
     output = await trajectory
 
@@ -77,7 +93,7 @@ async def test_a_full_pool_is_waited_out_as_its_retry_after_says(
     assert output.reward_score == 1.0
     assert output.extra_fields["env_retries"] == {"at_capacity": 1}
     assert output.extra_fields["env_errors"] == {}
-    # The slot was free after 0.3 s, but the pool asked for 1 s between tries.
+    # The slot was free right after the refusal, but the pool asked for 1 s between tries.
     assert time.monotonic() - started >= 1.0
 
 
