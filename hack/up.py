@@ -165,32 +165,38 @@ def run_streamed(cmd: Sequence[str], *, what: str, env: dict[str, str] | None = 
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
-        text=True,
-        bufsize=1,
         env={**os.environ, **(env or {})},
     )
     assert proc.stdout is not None
     assert proc.stderr is not None
     stdout: list[str] = []
+    # Raw reads on the pipes: a buffered readline could sit on lines select() no longer reports.
+    pending = {proc.stdout.fileno(): b"", proc.stderr.fileno(): b""}
     selector = selectors.DefaultSelector()
-    selector.register(proc.stdout, selectors.EVENT_READ, stdout)
-    selector.register(proc.stderr, selectors.EVENT_READ, None)
-    open_streams, last_output = 2, time.monotonic()
-    while open_streams:
-        events = selector.select(timeout=1.0)
-        for key, _ in events:
-            line = key.fileobj.readline()  # type: ignore[union-attr]
-            if not line:
-                selector.unregister(key.fileobj)
-                open_streams -= 1
-                continue
-            if key.data is not None:
-                key.data.append(line.rstrip("\n"))
-            print(f"    {line.rstrip()}", flush=True)
-            last_output = time.monotonic()
+    for fd in pending:
+        selector.register(fd, selectors.EVENT_READ)
+    last_output = time.monotonic()
+    while pending:
+        for key, _ in selector.select(timeout=1.0):
+            fd = int(key.fd)
+            chunk = os.read(fd, 65536)
+            lines = (pending[fd] + chunk).split(b"\n")
+            if chunk:
+                pending[fd] = lines.pop()
+            else:
+                selector.unregister(fd)
+                del pending[fd]
+            for raw in filter(None, lines):
+                line = raw.decode(errors="replace").rstrip()
+                if fd == proc.stdout.fileno():
+                    stdout.append(line)
+                print(f"    {line}", flush=True)
+                last_output = time.monotonic()
         if time.monotonic() - last_output >= HEARTBEAT_S:
             say(f"  ... {what}: still working ({duration(time.monotonic() - started)})")
             last_output = time.monotonic()
+    proc.stdout.close()
+    proc.stderr.close()
     if proc.wait() != 0:
         raise UpError(f"{what} failed (exit {proc.returncode}); its output is above")
     say(f"  {what}: done in {duration(time.monotonic() - started)}")
