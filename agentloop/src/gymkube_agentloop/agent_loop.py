@@ -104,6 +104,8 @@ class _Rollout:
     """State of one trajectory, kept outside `_run` so a failure can still be reported."""
 
     item_id: str = ""
+    # verl batches log-probs only if every trajectory has them, even one that never generated.
+    wants_logprobs: bool = False
     opening_length: int = 0
     messages: list[dict[str, str]] = field(default_factory=list)
     # The prompt, then every response token; the last len(response_mask) are the response.
@@ -158,7 +160,10 @@ class GymkubeEnvAgentLoop(AgentLoopBase):
     async def run(
         self, sampling_params: dict[str, Any], priority: int = 0, **kwargs: Any
     ) -> AgentLoopOutput:
-        rollout = _Rollout(item_id=str(kwargs.get("item_id", "")))
+        rollout = _Rollout(
+            item_id=str(kwargs.get("item_id", "")),
+            wants_logprobs=bool(sampling_params.get("logprobs")),
+        )
         try:
             await self._run(rollout, sampling_params, int(priority), kwargs)
         except BadRowError as exc:
@@ -382,7 +387,7 @@ class GymkubeEnvAgentLoop(AgentLoopBase):
             response_mask=mask[: self.response_length],
             response_logprobs=(
                 rollout.response_logprobs[: self.response_length]
-                if rollout.response_logprobs
+                if rollout.response_logprobs or rollout.wants_logprobs
                 else None
             ),
             reward_score=reward,

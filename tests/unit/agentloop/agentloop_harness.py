@@ -22,6 +22,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 from verl.experimental.agent_loop.agent_loop import (
     AgentLoopOutput,
+    AgentLoopWorker,
     DictConfigWrap,
     ToolListWrap,
     _agent_loop_registry,
@@ -224,3 +225,23 @@ async def run_row(
     row = {"item_id": item_id, "raw_prompt": raw_prompt or template.opening(), **extra}
     output: AgentLoopOutput = await asyncio.wait_for(loop.run(dict(SAMPLING), **row), 120)
     return output
+
+
+async def verl_postprocess(
+    outputs: list[AgentLoopOutput], rows: list[dict[str, Any]], tokenizer: PreTrainedTokenizerFast
+) -> Any:
+    """verl's own padding and batching of loop outputs (AgentLoopWorker), without Ray or GPUs."""
+    worker = AgentLoopWorker.__new__(AgentLoopWorker)
+    config = trainer_config()
+    worker.config = config
+    worker.rollout_config = config.actor_rollout_ref.rollout
+    worker.tokenizer = tokenizer
+    worker.processor = None
+    worker.mm_processor_kwargs = {}
+    worker.reward_loop_worker_handles = None
+    worker.distillation_enabled = False
+    padded = [
+        await worker._agent_loop_postprocess(output, False, **row)
+        for output, row in zip(outputs, rows, strict=True)
+    ]
+    return worker._postprocess(padded, input_non_tensor_batch=None, validate=False)

@@ -7,9 +7,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from agentloop_harness import EnvServer, ScriptedLLM, instantiate_loop, run_row
+from agentloop_harness import (
+    SAMPLING,
+    EnvServer,
+    ScriptedLLM,
+    instantiate_loop,
+    run_row,
+    verl_postprocess,
+)
 from gymkube_agentloop.agent_loop import TRUNCATION_MARK
 from gymkube_agentloop.policies import FrozenLakeShortestPath
+from gymkube_agentloop.templates import BUILTIN_TEMPLATES
 from transformers import PreTrainedTokenizerFast
 
 pytestmark = pytest.mark.unit
@@ -134,3 +142,31 @@ async def test_a_bad_row_ends_the_trajectory_without_raising(
     assert output.response_ids == []
     assert output.prompt_ids
     assert llm.calls == []
+
+
+async def test_trajectories_pass_through_verls_batching_with_the_reward_on_the_last_token(
+    frozen_lake: EnvServer,
+    tokenizer: PreTrainedTokenizerFast,
+    agent_yaml: Callable[..., Path],
+) -> None:
+    agent_yaml(frozen_lake.url)
+    opening = BUILTIN_TEMPLATES["frozen_lake"].opening()
+    rows = [
+        {"item_id": WINNING_TASK, "raw_prompt": opening, "index": 0},
+        {"item_id": "frozen_lake_99999", "raw_prompt": opening, "index": 1},
+    ]
+    outputs = []
+    for row in rows:
+        loop = instantiate_loop("gymkube_env", ScriptedLLM(tokenizer, WINNING_REPLIES), tokenizer)
+        outputs.append(await loop.run(dict(SAMPLING), **row))
+    batch = await verl_postprocess(outputs, rows, tokenizer)
+
+    rm_scores = batch.batch["rm_scores"]
+    won_length = len(outputs[0].response_ids)
+    assert rm_scores[0, won_length - 1] == 1.0
+    assert rm_scores[0].sum() == 1.0
+    assert rm_scores[1].sum() == 0.0
+    assert batch.batch["response_mask"][0].sum() == sum(outputs[0].response_mask)
+    assert list(batch.non_tensor_batch["env_ending"]) == ["done", "bad_input"]
+    assert list(batch.non_tensor_batch["env_steps"]) == [2, 0]
+    assert batch.meta_info["reward_extra_keys"] == ["env_steps", "env_errors", "env_failed"]
