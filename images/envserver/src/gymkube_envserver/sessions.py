@@ -31,6 +31,8 @@ T = TypeVar("T")
 CLOSED_IDS_KEPT = 10_000
 """How many closed ids are remembered, so their errors say "closed" rather than "unknown"."""
 WARM_RETRY_S = 2.0
+REFILL_DEFER_S = 5.0
+REFILL_POLL_S = 0.05
 
 
 @dataclass(eq=False)
@@ -82,6 +84,7 @@ class SessionManager:
         self._creating = 0
         self._warm_starting = 0
         self._refill = asyncio.Event()
+        self._resets_in_flight = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._closing: set[asyncio.Task[None]] = set()
 
@@ -183,7 +186,11 @@ class SessionManager:
         )
         async with session.lock:
             self._still_open(session)
-            outcome = await self._call(session, session.instance.reset(merged))
+            self._resets_in_flight += 1
+            try:
+                outcome = await self._call(session, session.instance.reset(merged))
+            finally:
+                self._resets_in_flight -= 1
             session.record(outcome)
             session.started = True
             session.data_idx = params.data_idx
@@ -306,6 +313,7 @@ class SessionManager:
                 await asyncio.sleep(WARM_RETRY_S)
         while True:
             while not self.draining and len(self.warm) < self.settings.warm:
+                await self._yield_to_resets()
                 try:
                     instance = await self.backend.start({})
                     await instance.warm_up()
@@ -318,6 +326,23 @@ class SessionManager:
                 self.warmed_event.set()
             self._refill.clear()
             await self._refill.wait()
+
+    async def _yield_to_resets(self) -> None:
+        """Let new sessions reset before starting an env (waits up to REFILL_DEFER_S).
+
+        Starting a JVM takes a core for a second or more; on a small node it would slow down the
+        very resets of the sessions that just took envs from the pool (a rollout batch creates
+        and resets many sessions at once).
+        """
+        for _ in range(round(REFILL_DEFER_S / REFILL_POLL_S)):
+            recent = time.time() - REFILL_DEFER_S
+            awaiting_reset = any(
+                not session.started and session.created_at > recent
+                for session in self.sessions.values()
+            )
+            if not (self._resets_in_flight or awaiting_reset):
+                return
+            await asyncio.sleep(REFILL_POLL_S)
 
     async def _reap_idle(self) -> None:
         timeout = self.settings.idle_timeout
