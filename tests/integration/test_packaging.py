@@ -386,15 +386,24 @@ def healthz_answers(port: int) -> bool:
         return False
 
 
-@pytest.mark.usefixtures("crds")
+@pytest.mark.parametrize(
+    "scenario", ["default-values.yaml", "namespaced-values.yaml"], ids=["cluster", "namespaced"]
+)
+@pytest.mark.usefixtures("crds", "watched_namespaces")
 def test_operator_rbac(
-    kube: ControlPlane, namespace: str, install_rbac: Callable[..., str], tmp_path: Path
+    kube: ControlPlane,
+    namespace: str,
+    install_rbac: Callable[..., str],
+    tmp_path: Path,
+    scenario: str,
 ) -> None:
     """The real operator, authenticated as the chart's ServiceAccount and configured by the
     chart's environment, answers the probes' /healthz, builds a pool's children and writes its
-    status, and is never refused by the API server."""
+    status, and is never refused by the API server, in cluster and in namespaced mode."""
     # A short ServiceAccount name: the user name becomes a certificate CN of at most 64 bytes.
-    values = ("--set", "serviceAccount.name=op")
+    values = ("--values", str(CHART / "ci" / scenario), "--set", "serviceAccount.name=op")
+    watched = yaml.safe_load((CHART / "ci" / scenario).read_text()).get("watchNamespaces")
+    pool_namespace = watched[0] if watched else namespace
     user = install_rbac(*values)
     credentials = kube.kubeconfig_for_user(
         user, groups=["system:serviceaccounts", f"system:serviceaccounts:{namespace}"]
@@ -405,7 +414,7 @@ def test_operator_rbac(
     log_path = tmp_path / "operator.log"
     pool = {"apiVersion": "gymkube.io/v1alpha1", "kind": "EnvPool", "metadata": {"name": "lake"},
             "spec": {"env": "frozen_lake", "replicas": 1}}  # fmt: skip
-    ns = f"--namespace={namespace}"
+    ns = f"--namespace={pool_namespace}"
     with log_path.open("wb") as log:
         operator = subprocess.Popen(
             [str(Path(sys.executable).parent / "gymkube-operator")],

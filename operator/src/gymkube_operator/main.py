@@ -33,6 +33,9 @@ def kopf_settings(settings: OperatorSettings) -> kopf.OperatorSettings:
     config.watching.server_timeout = 300
     config.watching.client_timeout = 330
     config.peering.standalone = True
+    # With a watch list, namespaced RBAC cannot list namespaces or CRDs cluster-wide;
+    # scanning would retry refused requests for a minute before kopf falls back.
+    config.scanning.disabled = bool(settings.namespaces)
     return config
 
 
