@@ -11,8 +11,10 @@ LLM. Each trajectory makes 20 replies (the env's step limit). They differ only i
 
 Per turn, `overhead_ms` = wall time - LLM time - the env server's own handling time (from its
 /metrics), i.e. the loop, the client and the HTTP transport; `loop_only_ms` also leaves out the
-client-side env call time. Trajectories alternate between the variants so machine load hits both
-alike. Target: overhead at most 1 ms per turn with the shared session.
+client-side env call time, and splits into verl's Continuous Token helpers
+(`verl_token_merges_ms`) and everything else the loop does (`gymkube_code_ms`). Trajectories
+alternate between the variants so machine load hits both alike.
+Target: overhead at most 1 ms per turn with the shared session.
 """
 
 from __future__ import annotations
@@ -64,7 +66,34 @@ SERVER_TIME = re.compile(
 ENV_ENDPOINTS = {"/create", "/reset", "/step", "/close", "/tasks"}
 
 
-class ClientPerTrajectoryLoop(GymkubeEnvAgentLoop):
+class TimedMerges(GymkubeEnvAgentLoop):
+    """The shipped loop, counting the time spent in verl's Continuous Token helpers."""
+
+    seconds = 0.0  # reset by the sequential runner before each trajectory
+
+    async def ct_build_initial_tokens(self, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return await super().ct_build_initial_tokens(*args, **kwargs)
+        finally:
+            TimedMerges.seconds += time.perf_counter() - started
+
+    async def ct_merge_assistant_token(self, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return await super().ct_merge_assistant_token(*args, **kwargs)
+        finally:
+            TimedMerges.seconds += time.perf_counter() - started
+
+    async def ct_merge_context_msg(self, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return await super().ct_merge_context_msg(*args, **kwargs)
+        finally:
+            TimedMerges.seconds += time.perf_counter() - started
+
+
+class ClientPerTrajectoryLoop(TimedMerges):
     """The seed's pattern: a fresh HTTP client, and so fresh connections, per trajectory."""
 
     def make_env_client(self) -> EnvClient:
@@ -79,7 +108,7 @@ class ClientPerTrajectoryLoop(GymkubeEnvAgentLoop):
 
 
 VARIANTS: dict[str, type[GymkubeEnvAgentLoop]] = {
-    "shared_session": GymkubeEnvAgentLoop,
+    "shared_session": TimedMerges,
     "client_per_trajectory": ClientPerTrajectoryLoop,
 }
 
@@ -136,6 +165,8 @@ async def sequential(url: str, tokenizer: PreTrainedTokenizerFast, rounds: int) 
             "env_client_ms": [],
             "overhead_ms": [],
             "loop_only_ms": [],
+            "verl_token_merges_ms": [],
+            "gymkube_code_ms": [],
         }
         for name in VARIANTS
     }
@@ -145,6 +176,7 @@ async def sequential(url: str, tokenizer: PreTrainedTokenizerFast, rounds: int) 
     for round_idx in range(rounds):
         for name, variant in VARIANTS.items():
             server_before = server_seconds(url)
+            TimedMerges.seconds = 0.0
             started = time.perf_counter()
             output = await play(variant, url, tokenizer, 100 + round_idx)
             wall = time.perf_counter() - started
@@ -160,6 +192,10 @@ async def sequential(url: str, tokenizer: PreTrainedTokenizerFast, rounds: int) 
             per_turn["env_client_ms"].append(1000 * client / turns)
             per_turn["overhead_ms"].append(1000 * (wall - llm - server) / turns)
             per_turn["loop_only_ms"].append(1000 * (wall - llm - client) / turns)
+            per_turn["verl_token_merges_ms"].append(1000 * TimedMerges.seconds / turns)
+            per_turn["gymkube_code_ms"].append(
+                1000 * (wall - llm - client - TimedMerges.seconds) / turns
+            )
     return {
         name: {key: summary(values) for key, values in per_turn.items()}
         for name, per_turn in samples.items()
