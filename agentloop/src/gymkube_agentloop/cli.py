@@ -6,8 +6,6 @@ import argparse
 import sys
 from typing import NoReturn
 
-from pydantic import ValidationError
-
 from gymkube_agentloop.client import EnvCallError, EnvClient, EnvClientSettings
 from gymkube_agentloop.protocol import TasksReply
 
@@ -53,8 +51,6 @@ async def pool_tasks(prog: str, url: str, env: str, settings: EnvClientSettings)
         tasks = await EnvClient(url, settings).tasks()
     except EnvCallError as exc:
         fail(prog, f"cannot read the task table: {exc}")
-    except ValidationError as exc:
-        fail(prog, f"{url}/tasks is not a gymkube task table ({exc.error_count()} problems)")
     if tasks.env != env:
         fail(prog, f"{url} serves env {tasks.env!r}, not {env!r}", EXIT_BAD_INPUT)
     return tasks

@@ -23,7 +23,7 @@ import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 from pydantic import BaseModel, Field, ValidationError
@@ -145,6 +145,20 @@ def _error_from_body(status: int, body: bytes, headers: Any) -> EnvCallError:
     return EnvCallError(code, message, status=status, retry_after=retry_after)
 
 
+_Reply = TypeVar("_Reply", bound=BaseModel)
+
+
+def _parse(model: type[_Reply], path: str, payload: Any) -> _Reply:
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in err['loc']) or 'body'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise EnvCallError("bad_reply", f"{path} answered an unexpected body: {problems}") from None
+
+
 class EnvClient:
     """Env calls against one base URL, with retries and per-client statistics."""
 
@@ -163,26 +177,24 @@ class EnvClient:
         )
 
     async def tasks(self) -> TasksReply:
-        return TasksReply.model_validate(await self._call("GET", "/tasks", idempotent=True))
+        return _parse(TasksReply, "/tasks", await self._call("GET", "/tasks", idempotent=True))
 
     async def create(self, env_config: dict[str, Any] | None = None) -> str:
         body = {"env_config": env_config} if env_config else {}
-        reply = CreateReply.model_validate(
-            await self._call("POST", "/create", body, idempotent=True)
-        )
-        return str(reply.id)
+        payload = await self._call("POST", "/create", body, idempotent=True)
+        return str(_parse(CreateReply, "/create", payload).id)
 
     async def reset(self, session_id: str, data_idx: int, seed: int | None = None) -> ResetReply:
         body: dict[str, Any] = {"id": session_id, "data_idx": data_idx}
         if seed is not None:
             body["seed"] = seed
         payload = await self._call("POST", "/reset", body, idempotent=True, has_session=True)
-        return ResetReply.model_validate(payload)
+        return _parse(ResetReply, "/reset", payload)
 
     async def step(self, session_id: str, action: str) -> StepReply:
         body = {"id": session_id, "action": action}
         payload = await self._call("POST", "/step", body, idempotent=False, has_session=True)
-        return StepReply.model_validate(payload)
+        return _parse(StepReply, "/step", payload)
 
     async def close(self, session_id: str, *, deadline_s: float | None = None) -> None:
         """Close a session; a session the server no longer knows counts as closed."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -134,4 +135,24 @@ def test_preflight_reports_an_unreachable_pool_without_a_traceback() -> None:
     done = preflight(closed, "--episodes", "1", "--connect-timeout", "0.2")
     assert done.returncode == 1
     assert "gymkube-preflight: error: cannot read the task table: unreachable" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_url_that_is_no_env_pool_is_reported_without_a_traceback(tmp_path: Path) -> None:
+    (tmp_path / "tasks").write_text('{"hello": "world"}')
+    port = free_port()
+    web = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        done = preflight(url, "--episodes", "1", "--connect-timeout", "5")
+    finally:
+        web.kill()
+        web.wait()
+    assert done.returncode == 1
+    assert "/tasks answered an unexpected body: env: Field required" in done.stderr
     assert "Traceback" not in done.stderr
