@@ -24,7 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from py4j.protocol import Py4JError, Py4JNetworkError  # type: ignore[import-untyped]
+from py4j.protocol import Py4JError, Py4JJavaError  # type: ignore[import-untyped]
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from scienceworld import ScienceWorldEnv
 from scienceworld.constants import JAR_PATH
@@ -154,14 +154,6 @@ def look_around(env: ScienceWorldEnv) -> tuple[str, int, bool, dict[str, Any]]:
     return observation, reward, done, info
 
 
-def connection_broken(exc: BaseException | None) -> bool:
-    while exc is not None:
-        if isinstance(exc, Py4JNetworkError | ConnectionError):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
-
-
 class SciWorldInstance(EnvInstance):
     def __init__(self, backend: SciWorldBackend, env: ScienceWorldEnv) -> None:
         self._backend = backend
@@ -170,13 +162,12 @@ class SciWorldInstance(EnvInstance):
     async def _run(self, call: Any, *args: Any) -> Any:
         try:
             return await self._backend.run_blocking(call, *args)
+        except Py4JJavaError:
+            raise  # the simulator threw; its JVM is fine
         except Py4JError as exc:
-            # py4j reports a dead JVM as one of several errors, sometimes before the process
-            # has finished exiting: a broken connection or an exited process means it is gone.
-            exit_code = self._env._gateway.java_process.poll()
-            if exit_code is not None or connection_broken(exc):
-                raise EnvLostError(f"its ScienceWorld JVM is gone (exit code {exit_code})") from exc
-            raise
+            # Any other py4j error means the connection to the JVM broke (py4j reports a killed
+            # JVM as a generic "error occurred while calling", often before the process exits).
+            raise EnvLostError(f"its ScienceWorld JVM stopped answering ({exc})") from exc
 
     async def reset(self, params: ResetParams) -> ResetOutcome:
         config = parse_config(params.env_config)
