@@ -150,22 +150,22 @@ class Cluster:
     ) -> tuple[int, Object]:
         """One API call; the status code and the JSON body, error answers included."""
         content_type = "application/merge-patch+json" if method == "PATCH" else "application/json"
+        prepared = self.api_client.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=list((query or {}).items()),
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        url, headers, payload = prepared[1], prepared[2], prepared[3]
         try:
             response = self.api_client.call_api(
-                path,
-                method,
-                query_params=list((query or {}).items()),
-                body=body,
-                header_params={"Content-Type": content_type, "Accept": "application/json"},
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _request_timeout=timeout,
-                _return_http_data_only=False,
+                method, url, header_params=headers, body=payload, _request_timeout=timeout
             )
         except ApiException as err:
-            return int(err.status), _json_object(err.body or "")
-        raw, status = response[0], response[1]
-        return int(status), _json_object(raw.data or b"")
+            return int(err.status or 0), _json_object(err.body or "")
+        return int(response.status), _json_object(response.read() or b"")
 
     def _ok(self, method: str, path: str, body: Object | None = None) -> Object:
         status, answer = self.request(method, path, body)
