@@ -198,18 +198,15 @@ class EnvClient:
 
     async def close(self, session_id: str, *, deadline_s: float | None = None) -> None:
         """Close a session; a session the server no longer knows counts as closed."""
-        try:
-            await self._call(
-                "POST",
-                "/close",
-                {"id": session_id},
-                idempotent=True,
-                has_session=True,
-                deadline_s=deadline_s,
-            )
-        except EnvCallError as exc:
-            if exc.status not in (404, 410):
-                raise
+        await self._call(
+            "POST",
+            "/close",
+            {"id": session_id},
+            idempotent=True,
+            has_session=True,
+            deadline_s=deadline_s,
+            gone_is_done=True,
+        )
 
     async def _call(
         self,
@@ -220,6 +217,7 @@ class EnvClient:
         idempotent: bool,
         has_session: bool = False,
         deadline_s: float | None = None,
+        gone_is_done: bool = False,
     ) -> Any:
         call = path.strip("/")
         session = self._session or shared_session()
@@ -233,6 +231,10 @@ class EnvClient:
                 payload = await self._attempt(session, method, path, body)
             except _AttemptFailed as failed:
                 error, how_far = failed.error, failed.how_far
+                # For a close, a session the server no longer has is the result wanted.
+                if gone_is_done and error.status in (404, 410):
+                    self.stats.record(call, time.monotonic() - started)
+                    return None
             else:
                 self.stats.record(call, time.monotonic() - started)
                 return payload

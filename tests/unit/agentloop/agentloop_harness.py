@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
@@ -51,33 +52,30 @@ def free_port() -> int:
         return port
 
 
-class EnvServer:
-    """A `gymkube-envserver` subprocess on a free loopback port."""
+class ServerProcess:
+    """One of gymkube's server commands as a subprocess on a free loopback port."""
 
-    def __init__(self, env: str, *args: str) -> None:
+    def __init__(self, command: str, *args: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in kill()
         self.process = subprocess.Popen(
-            [
-                str(BIN / "gymkube-envserver"),
-                "--env",
-                env,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                *args,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            [str(BIN / command), "--host", "127.0.0.1", "--port", str(self.port), *args],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
         )
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                err = self.process.stderr.read().decode() if self.process.stderr else ""
-                raise RuntimeError(f"env server exited with {self.process.returncode}: {err}")
+                self.log.seek(0)
+                output = self.log.read().decode(errors="replace")[-2000:]
+                raise RuntimeError(f"server exited with {self.process.returncode}: {output}")
             try:
                 with urllib.request.urlopen(self.url + "/readyz", timeout=1) as reply:
                     if reply.status == 200:
@@ -85,12 +83,29 @@ class EnvServer:
             except OSError:
                 pass
             time.sleep(0.1)
-        raise RuntimeError(f"env server on {self.url} not ready within {timeout_s}s")
+        raise RuntimeError(f"server on {self.url} not ready within {timeout_s}s")
 
     def kill(self) -> None:
         if self.process.poll() is None:
             os.kill(self.process.pid, signal.SIGKILL)
             self.process.wait()
+        self.log.close()
+
+
+class EnvServer(ServerProcess):
+    """`gymkube-envserver --env ENV`."""
+
+    def __init__(self, env: str, *args: str) -> None:
+        super().__init__("gymkube-envserver", "--env", env, *args)
+
+
+class Router(ServerProcess):
+    """`gymkube-router` in front of env servers, polling them fast so tests see deaths quickly."""
+
+    def __init__(self, *backends: EnvServer) -> None:
+        addresses = ",".join(backend.address for backend in backends)
+        fast = ["--poll-interval", "0.2", "--poll-timeout", "0.5", "--dead-after", "2"]
+        super().__init__("gymkube-router", "--backends", addresses, *fast)
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from agentloop_harness import EnvServer, ScriptedLLM, free_port, instantiate_loop, run_row
+from agentloop_harness import EnvServer, Router, ScriptedLLM, free_port, instantiate_loop, run_row
 from transformers import PreTrainedTokenizerFast
 
 pytestmark = pytest.mark.unit
@@ -66,6 +66,39 @@ async def test_a_server_killed_mid_episode_ends_the_trajectory_within_two_second
     # What the model said before the env died is kept but trains nothing.
     assert len(output.response_ids) > 0
     assert set(output.response_mask) == {0}
+
+
+async def test_a_backend_dying_behind_the_router_ends_the_trajectory_as_session_lost(
+    start_env_server: Callable[..., EnvServer],
+    tokenizer: PreTrainedTokenizerFast,
+    agent_yaml: Callable[..., Path],
+) -> None:
+    backend = start_env_server("frozen_lake")
+    router = Router(backend)
+    try:
+        router.wait_ready(30)
+        agent_yaml(router.url)
+        killed_at: list[float] = []
+
+        def kill_backend_before_second_reply(turn: int) -> None:
+            if turn == 1:
+                backend.kill()
+                killed_at.append(time.monotonic())
+
+        llm = ScriptedLLM(
+            tokenizer, ["<action>left</action>"], on_generate=kill_backend_before_second_reply
+        )
+        output = await run_row(instantiate_loop("gymkube_env", llm, tokenizer), "frozen_lake_5")
+        ended_after = time.monotonic() - killed_at[0]
+    finally:
+        router.kill()
+
+    assert ended_after < 2.0
+    assert output.reward_score == 0.0
+    assert output.extra_fields["env_ending"] == "env_lost"
+    # The router knows the session's backend is gone and says so: 410, no retries.
+    assert output.extra_fields["env_errors"] == {"session_lost": 1}
+    assert output.extra_fields["env_retries"] == {}
 
 
 async def test_a_full_pool_is_waited_out_as_its_retry_after_says(
