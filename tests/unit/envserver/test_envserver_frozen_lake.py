@@ -6,7 +6,7 @@ from collections import deque
 
 import httpx
 import pytest
-from conftest import asgi_client
+from envserver_fixtures import asgi_client
 
 pytestmark = pytest.mark.unit
 

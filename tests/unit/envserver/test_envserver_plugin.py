@@ -7,7 +7,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from conftest import HERE, asgi_client, settings
+from envserver_fixtures import HERE, asgi_client, settings
 from gymkube_envserver.envs import EnvSpecError, load_backend
 
 pytestmark = pytest.mark.unit

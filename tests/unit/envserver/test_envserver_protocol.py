@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from conftest import asgi_client
+from envserver_fixtures import asgi_client
 
 pytestmark = pytest.mark.unit
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import schemathesis
-from conftest import live_server
+from envserver_fixtures import live_server
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode

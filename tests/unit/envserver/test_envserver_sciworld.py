@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 import requests
-from conftest import live_server, wait_until_ready
+from envserver_fixtures import live_server, wait_until_ready
 from fastapi import FastAPI
 
 pytestmark = pytest.mark.unit

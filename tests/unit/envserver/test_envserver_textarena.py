@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import asgi_client, settings
+from envserver_fixtures import asgi_client, settings
 from gymkube_envserver.envs import EnvSpecError, load_backend
 
 pytestmark = pytest.mark.unit

@@ -1,4 +1,7 @@
-"""Env-server test helpers: real servers, in-process (ASGI) or on a free 127.0.0.1 port."""
+"""Env-server test helpers: real servers, in-process (ASGI) or on a free 127.0.0.1 port.
+
+A plain module (not conftest.py): the test folders have no __init__.py, so each conftest is
+imported as the same top-level name "conftest"."""
 
 from __future__ import annotations
 
