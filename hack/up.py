@@ -123,7 +123,7 @@ class UpState(BaseModel):
     kubeconfig: str | None = None
     started_cluster: bool = False
     cluster_uid: str | None = None
-    image_inputs: str | None = None
+    image_inputs: dict[str, str] = Field(default_factory=dict)
     built_images: dict[str, str] = Field(default_factory=dict)
     loaded_images: dict[str, str] = Field(default_factory=dict)
 
@@ -345,17 +345,38 @@ def image_refs() -> list[str]:
     return [f"gymkube/{name}:{tag}" for name in IMAGES]
 
 
-def image_inputs_digest() -> str:
-    """A hash of every file (tracked or not, unless ignored) that goes into the images."""
+def image_inputs() -> dict[str, str]:
+    """Every file (tracked or not, unless ignored) that goes into the images, with its hash."""
     listed = quiet(["git", "ls-files", "-co", "--exclude-standard", "-z", "--", *IMAGE_INPUTS])
     if listed.returncode != 0:
         raise UpError(f"git ls-files failed: {listed.stderr.strip()}")
-    digest = hashlib.sha256()
+    hashes = {}
     for name in sorted(filter(None, listed.stdout.split("\0"))):
         path = REPO / name
         if path.is_file():
-            digest.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()
+            hashes[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return hashes
+
+
+def why_build(
+    settings: UpSettings, state: UpState, inputs: dict[str, str], have: dict[str, str]
+) -> str | None:
+    """Why `make images` must run, or None when the images are current."""
+    if settings.images == "always":
+        return "GYMKUBE_UP_IMAGES=always"
+    missing = [ref for ref in image_refs() if ref not in have]
+    if missing:
+        return f"Docker lacks {', '.join(missing)}"
+    if not state.image_inputs:
+        return "no build by `make up` recorded"
+    if state.built_images != have:
+        return "the images were rebuilt outside `make up`"
+    changed = sorted(set(inputs.items()) ^ set(state.image_inputs.items()))
+    names = sorted({name for name, _ in changed})
+    if names:
+        more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+        return f"changed since the last build: {', '.join(names[:3])}{more}"
+    return None
 
 
 def docker_image_ids(refs: Sequence[str]) -> dict[str, str]:
@@ -369,16 +390,12 @@ def docker_image_ids(refs: Sequence[str]) -> dict[str, str]:
 
 def build_images(settings: UpSettings, state: UpState) -> dict[str, str]:
     refs = image_refs()
-    inputs = image_inputs_digest()
-    current = docker_image_ids(refs) if docker_answers() else {}
-    if (
-        settings.images == "auto"
-        and len(current) == len(refs)
-        and state.image_inputs == inputs
-        and state.built_images == current
-    ):
+    inputs = image_inputs()
+    reason = why_build(settings, state, inputs, docker_image_ids(refs) if docker_answers() else {})
+    if reason is None:
         say(f"images: up to date ({', '.join(refs)}); GYMKUBE_UP_IMAGES=always rebuilds")
-        return current
+        return state.built_images
+    say(f"images: building ({reason})")
     run_streamed(["make", "--no-print-directory", "images"], what="make images")
     built = docker_image_ids(refs)
     missing = sorted(set(refs) - set(built))
@@ -689,7 +706,7 @@ def describe_run(obj: Object | None) -> str:
     parts = [f"phase {status.get('phase', 'Pending')}"]
     for kind in ("EnvPoolReady", "PreflightPassed", "Failed"):
         cond = condition(obj, kind)
-        if cond:
+        if cond and (kind != "Failed" or cond.get("status") == "True"):
             parts.append(f"{kind}={cond.get('status')} {cond.get('reason', '')}".rstrip())
     if status.get("training"):
         parts.append(f"{status['training']['kind'].lower()}/{status['training']['name']} created")

@@ -87,3 +87,21 @@ def test_the_preflight_summary_reads_as_one_line_per_fact() -> None:
         "env errors: none",
         "latency p50 (ms): create 12, step 3",
     ]
+
+
+def test_images_are_rebuilt_only_when_an_input_changed_and_the_change_is_named() -> None:
+    inputs = up.image_inputs()
+    assert "images/envserver/Dockerfile" in inputs
+    assert "operator/pyproject.toml" in inputs
+    have = {ref: f"sha256:{i}" for i, ref in enumerate(up.image_refs())}
+    built = up.UpState(image_inputs=inputs, built_images=have)
+    settings = up.UpSettings()
+    assert up.why_build(settings, built, inputs, have) is None
+
+    edited = {**inputs, "operator/pyproject.toml": "0" * 64}
+    assert up.why_build(settings, built, edited, have) == (
+        "changed since the last build: operator/pyproject.toml"
+    )
+    gone = dict(list(have.items())[1:])
+    assert up.why_build(settings, built, inputs, gone) == f"Docker lacks {up.image_refs()[0]}"
+    assert up.why_build(settings, up.UpState(), inputs, have) == "no build by `make up` recorded"
