@@ -19,19 +19,12 @@ Target: overhead at most 1 ms per turn with the shared session.
 
 from __future__ import annotations
 
-import os
-import sys
-
-# Run as `python bench/agentloop.py`, this folder leads sys.path, and its operator.py would
-# shadow the standard library's `operator` for every import below.
-if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
-    sys.path.pop(0)
-
 import argparse
 import asyncio
 import json
 import re
 import statistics
+import sys
 import time
 import urllib.request
 from pathlib import Path

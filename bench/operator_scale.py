@@ -6,7 +6,7 @@ fast as the API server takes them, and prints JSON: seconds until every pool has
 and a current status.observedGeneration, per-pool latency, and the operator's peak RSS.
 Targets: all reconciled within 60 s, peak RSS at most 200 MB.
 
-    .venv/bin/python bench/operator.py [--pools 200] [--settle 15] [--operator PATH]
+    .venv/bin/python bench/operator_scale.py [--pools 200] [--settle 15] [--operator PATH]
 
 --operator runs another gymkube-operator executable, e.g. from a venv with only the operator's
 runtime dependencies (as in its image): the dev venv also holds the official Kubernetes client,
@@ -15,18 +15,11 @@ which kopf imports whenever it is installed.
 
 from __future__ import annotations
 
-import os
-import sys
-
-# Run as `python bench/operator.py`, this file's folder leads sys.path, and the file's name would
-# shadow the standard library's `operator` module for every import below.
-if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
-    sys.path.pop(0)
-
 import argparse
 import json
 import statistics
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
