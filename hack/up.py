@@ -82,6 +82,7 @@ SMALL_NODE_OVERRIDES: dict[tuple[str, str], dict[str, Any]] = {
     },
 }
 HEARTBEAT_S = 20.0
+EXAMPLES_DELETE_TIMEOUT_S = 120.0
 
 Object = dict[str, Any]
 ClusterKind = Literal["kind", "local"]
@@ -609,7 +610,13 @@ def pod_state(pod: Object) -> str:
     return f"{pod['metadata']['name']} " + " ".join(words)
 
 
-def poll(what: str, check: Callable[[], tuple[bool, str]], timeout: float, interval: float) -> None:
+def poll(
+    what: str,
+    check: Callable[[], tuple[bool, str]],
+    timeout: float,
+    interval: float,
+    finished: str = "ready",
+) -> None:
     """Prints CHECK's description whenever it changes until CHECK says done; UpError on timeout."""
     started, last = time.monotonic(), ""
     last_print = started
@@ -619,10 +626,10 @@ def poll(what: str, check: Callable[[], tuple[bool, str]], timeout: float, inter
             say(f"  {what}: {description}")
             last, last_print = description, time.monotonic()
         if done:
-            say(f"  {what}: ready in {duration(time.monotonic() - started)}")
+            say(f"  {what}: {finished} in {duration(time.monotonic() - started)}")
             return
         if time.monotonic() - started >= timeout:
-            raise UpError(f"{what} not ready after {duration(timeout)}: {description}")
+            raise UpError(f"{what} not {finished} after {duration(timeout)}: {description}")
         time.sleep(interval)
 
 
@@ -913,6 +920,45 @@ def up(settings: UpSettings) -> None:
     print_summary(kube, settings, flavour, watched, small)
 
 
+def delete_examples(kube: Kube, settings: UpSettings) -> None:
+    """Deletes the example run and pools and waits until they are gone. Their finalizers are the
+    operator's; if it does not release them in time (it is not running), they are removed here,
+    and the children go with their owner references."""
+    if kube.get(f"/apis/{GROUP}/{VERSION}") is None:
+        say("  the gymkube CRDs are not installed: no examples to delete")
+        return
+    names = [
+        (obj["kind"], obj["metadata"]["name"]) for obj in reversed(example_objects(small=False))
+    ]
+    refs = [f"{kind.lower()}/{name}" for kind, name in names]
+    out = kube.kubectl(
+        "delete", "-n", settings.namespace, "--ignore-not-found", "--wait=false", *refs
+    )
+    for line in (out.stdout + out.stderr).splitlines():
+        say(f"  {line}")
+    if out.returncode != 0:
+        raise UpError("deleting the examples failed (see above); `make down` again retries")
+
+    def gone() -> tuple[bool, str]:
+        left = [
+            f"{kind.lower()}/{name}"
+            for kind, name in names
+            if kube.gymkube_object(kind, settings.namespace, name) is not None
+        ]
+        return not left, f"waiting for {', '.join(left)}" if left else "all deleted"
+
+    try:
+        poll("examples", gone, EXAMPLES_DELETE_TIMEOUT_S, settings.poll_interval_s, "deleted")
+    except UpError:
+        say("  the operator did not release them in time: removing their finalizers")
+        for ref in refs:
+            kube.kubectl(
+                "patch", "-n", settings.namespace, ref, "--type=merge",
+                "-p", '{"metadata": {"finalizers": null}}',
+            )  # fmt: skip
+        poll("examples", gone, 60, settings.poll_interval_s, "deleted")
+
+
 def down(settings: UpSettings) -> None:
     state = load_state()
     kind = kind_settings()
@@ -937,19 +983,7 @@ def down(settings: UpSettings) -> None:
     kube = Kube(kubeconfig) if kubeconfig.is_file() else None
     if kube is not None and kube.reachable():
         step(f"examples out of namespace {settings.namespace}")
-        names = [
-            f"{obj['kind'].lower()}/{obj['metadata']['name']}"
-            for obj in reversed(example_objects(False))
-        ]
-        # The operator must still run: it removes the pools' finalizers.
-        out = kube.kubectl(
-            "delete", "-n", settings.namespace, "--ignore-not-found", "--wait", "--timeout=180s",
-            *names, timeout=200,
-        )  # fmt: skip
-        for line in (out.stdout + out.stderr).splitlines():
-            say(f"  {line}")
-        if out.returncode != 0:
-            raise UpError("deleting the examples failed (see above); `make down` again retries")
+        delete_examples(kube, settings)
         step("operator: uninstalling the chart through pyhelm3")
         helm = HelmClient(executable=tool("helm"), kubeconfig=kubeconfig)
         asyncio.run(
