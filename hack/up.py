@@ -415,7 +415,8 @@ def node_image_names(kube: Kube) -> set[str]:
     return names
 
 
-def load_images(flavour: str, kube: Kube, state: UpState, ids: dict[str, str]) -> None:
+def load_images(flavour: str, kube: Kube, state: UpState, ids: dict[str, str]) -> set[str]:
+    """Loads the images the cluster lacks; returns those that replaced an older build."""
     on_nodes = node_image_names(kube)
     stale = [
         ref
@@ -424,13 +425,15 @@ def load_images(flavour: str, kube: Kube, state: UpState, ids: dict[str, str]) -
     ]
     if not stale:
         say("images: already loaded into the cluster")
-        return
+        return set()
     if flavour == "kind":
         run_streamed([str(HACK / "kind-up.sh"), *stale], what="kind load")
     else:
         run_streamed([str(HACK / "local-cluster.sh"), "load-image", *stale], what="image load")
+    replaced = {ref for ref in stale if state.loaded_images.get(ref) not in (None, ids[ref])}
     state.loaded_images.update({ref: ids[ref] for ref in stale})
     save_state(state)
+    return replaced
 
 
 # --- Kubernetes helpers --------------------------------------------------------------------------
@@ -681,6 +684,38 @@ def apply_examples(kube: Kube, settings: UpSettings, objects: list[Object]) -> N
         say(f"  {line}")
 
 
+def restart_pools(
+    kube: Kube, settings: UpSettings, objects: list[Object], replaced: set[str]
+) -> None:
+    """Pods keep the image they started with when a rebuild reuses its tag: roll the example
+    pools' servers and routers onto the new build (one pod at a time, draining as the operator
+    does for any rollout)."""
+    tag, ns = image_tag(), settings.namespace
+    targets = []
+    for obj in objects:
+        if obj["kind"] != "EnvPool":
+            continue
+        name = obj["metadata"]["name"]
+        if f"gymkube/envserver:{tag}" in replaced:
+            targets.append(("statefulsets", f"statefulset/{name}", name))
+        if f"gymkube/router:{tag}" in replaced:
+            targets.append(("deployments", f"deployment/{name}-router", f"{name}-router"))
+    for plural, ref, name in targets:
+        if kube.get(f"/apis/apps/v1/namespaces/{ns}/{plural}/{name}") is None:
+            continue  # a new pool starts on the new image anyway
+        say(f"  {ref}: its image was rebuilt, restarting it")
+        out = kube.kubectl("rollout", "restart", "-n", ns, ref)
+        if out.returncode != 0:
+            raise UpError(f"kubectl rollout restart {ref} failed: {out.stderr.strip()}")
+        run_streamed(
+            [
+                tool("kubectl"), "--kubeconfig", str(kube.kubeconfig), "rollout", "status",
+                "-n", ns, ref, f"--timeout={int(settings.pool_timeout_s)}s",
+            ],
+            what=f"{ref} rollout",
+        )  # fmt: skip
+
+
 @dataclass
 class Watched:
     """One example object being waited for, with what was last printed about it."""
@@ -890,7 +925,7 @@ def up(settings: UpSettings) -> None:
     step("images (make images)")
     ids = build_images(settings, state)
     step(f"images into the {flavour} cluster")
-    load_images(flavour, kube, state, ids)
+    replaced = load_images(flavour, kube, state, ids)
     try:
         step("operator: the chart through pyhelm3")
         install_chart(kube, settings, ids[f"gymkube/operator:{image_tag()}"])
@@ -901,6 +936,7 @@ def up(settings: UpSettings) -> None:
             say(f"small node ({why}): applying the examples with SMALL_NODE_OVERRIDES")
         objects = example_objects(small)
         apply_examples(kube, settings, objects)
+        restart_pools(kube, settings, objects, replaced)
         watched = [
             Watched(
                 obj["kind"],
