@@ -31,6 +31,7 @@ T = TypeVar("T")
 CLOSED_IDS_KEPT = 10_000
 """How many closed ids are remembered, so their errors say "closed" rather than "unknown"."""
 WARM_RETRY_S = 2.0
+SHUTDOWN_CLOSE_S = 20.0
 REFILL_DEFER_S = 5.0
 REFILL_POLL_S = 0.05
 
@@ -108,7 +109,8 @@ class SessionManager:
         while self.warm:
             self._spawn_close(self.warm.popleft())
         if self._closing:
-            await asyncio.gather(*self._closing, return_exceptions=True)
+            # A hung env call holds its session's lock; do not let it hold up the shutdown.
+            await asyncio.wait(set(self._closing), timeout=SHUTDOWN_CLOSE_S)
         await self.backend.shutdown()
 
     @property
