@@ -18,7 +18,8 @@ import pytest
 from e2e_cluster import OPT_IN, Cluster, E2ESettings, api_path, find_tool, wait_until
 from pyhelm3 import Client as HelmClient
 
-NAMESPACE_DELETE_TIMEOUT_S = 180.0
+NAMESPACE_DELETE_TIMEOUT_S = 300.0
+TEST_NAMESPACE_LABEL = "gymkube-e2e"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -101,6 +102,14 @@ def operator(cluster: Cluster, settings: E2ESettings) -> Iterator[Cluster]:
 
     asyncio.run(install())
     yield cluster
+    # Test namespaces are deleted without waiting (the next test need not wait for them), but
+    # the operator must outlive them: it removes its finalizers from the pools inside.
+    namespaces = api_path("v1", "namespaces")
+    wait_until(
+        lambda: not cluster.names(namespaces, TEST_NAMESPACE_LABEL),
+        timeout=NAMESPACE_DELETE_TIMEOUT_S,
+        what="every test namespace (label gymkube-e2e) to be deleted",
+    )
     asyncio.run(helm.uninstall_release(settings.release, namespace=settings.operator_namespace))
 
 
@@ -111,18 +120,11 @@ def namespace(
     """A fresh namespace for one test; on failure its story is printed before it is deleted."""
     slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].rstrip("-")
     name = f"e2e-{slug}-{uuid.uuid4().hex[:5]}"
-    path = api_path("v1", "namespaces", name=name)
     operator.create(
         api_path("v1", "namespaces"),
-        {"metadata": {"name": name, "labels": {"gymkube-e2e": "true"}}},
+        {"metadata": {"name": name, "labels": {TEST_NAMESPACE_LABEL: "true"}}},
     )
     yield name
     if request.node.stash.get(FAILED_PHASES, set()):
         print(operator.dump(name))
-    operator.delete(path)
-    # The operator must still be running here: it removes its finalizers from the pools.
-    wait_until(
-        lambda: operator.get(path) is None,
-        timeout=NAMESPACE_DELETE_TIMEOUT_S,
-        what=f"namespace {name} to be deleted",
-    )
+    operator.delete(api_path("v1", "namespaces", name=name))
