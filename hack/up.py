@@ -995,6 +995,23 @@ def delete_examples(kube: Kube, settings: UpSettings) -> None:
         poll("examples", gone, 60, settings.poll_interval_s, "deleted")
 
 
+def uninstall_chart(kube: Kube, settings: UpSettings) -> None:
+    helm = HelmClient(executable=tool("helm"), kubeconfig=kube.kubeconfig)
+    ns = settings.operator_namespace
+
+    async def uninstall() -> bool:
+        releases = await helm.list_releases(namespace=ns, all=True)
+        if settings.release not in {release.name for release in releases}:
+            return False
+        await helm.uninstall_release(settings.release, namespace=ns, wait=True, timeout="3m")
+        return True
+
+    if asyncio.run(uninstall()):
+        say(f"release {settings.release} uninstalled (the CRDs stay, as with any Helm chart)")
+    else:
+        say(f"release {settings.release} is not installed in {ns}")
+
+
 def down(settings: UpSettings) -> None:
     state = load_state()
     kind = kind_settings()
@@ -1021,13 +1038,7 @@ def down(settings: UpSettings) -> None:
         step(f"examples out of namespace {settings.namespace}")
         delete_examples(kube, settings)
         step("operator: uninstalling the chart through pyhelm3")
-        helm = HelmClient(executable=tool("helm"), kubeconfig=kubeconfig)
-        asyncio.run(
-            helm.uninstall_release(
-                settings.release, namespace=settings.operator_namespace, wait=True, timeout="3m"
-            )
-        )
-        say(f"release {settings.release} uninstalled (the CRDs stay, as with any Helm chart)")
+        uninstall_chart(kube, settings)
     stop = settings.down_cluster == "always" or (
         settings.down_cluster == "auto" and state.started_cluster
     )
