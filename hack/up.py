@@ -65,7 +65,7 @@ EXAMPLES = (
     REPO / "examples" / "envpool-frozenlake.yaml",
     REPO / "examples" / "trainingrun-frozenlake-preflight.yaml",
 )
-# Nodes with fewer CPUs than this get SMALL_NODE_OVERRIDES (the examples ask for 4.6 CPUs).
+# Nodes with fewer CPUs than this get SMALL_NODE_OVERRIDES (the examples ask for about 4.5).
 SMALL_NODE_CPUS = 8.0
 # Merged into the examples on a small node (a laptop's kind, a 2-core CI machine): the same pools
 # with fewer warm JVMs and requests that fit next to the control plane.
