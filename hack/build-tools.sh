@@ -132,8 +132,16 @@ build_helm() {
 	gomod=$(module_gomod "helm.sh/helm/v3@$HELM_VERSION")
 	[[ -n $gomod ]] || die "helm.sh/helm/v3@$HELM_VERSION is not on the Go module proxy"
 	wrapper_header helm "$gomod" | prepare_wrapper "$dir" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
-	go_build "$dir" "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" helm \
-		helm.sh/helm/v3/cmd/helm
+	# As helm's own Makefile does: the Kubernetes version that `helm template` and `helm lint`
+	# assume comes from the client-go helm builds with (v0.Y.Z -> 1.Y); unset, it is 1.20.
+	local client_go major minor ldflags
+	client_go=$(awk '$1 == "k8s.io/client-go" {print $2; exit}' "$gomod")
+	IFS=. read -r major minor _ <<<"${client_go#v}"
+	ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+	for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+		ldflags+=" -X $pkg.k8sVersionMajor=$((major + 1)) -X $pkg.k8sVersionMinor=$minor"
+	done
+	go_build "$dir" "$ldflags" helm helm.sh/helm/v3/cmd/helm
 }
 
 build_kustomize() {
