@@ -16,8 +16,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from json.encoder import encode_basestring_ascii
 from typing import Any
+from urllib.parse import urlencode
 
-import aiohttp
 from aiohttp import web
 from multidict import MultiDict
 from pydantic import BaseModel, ValidationError
@@ -26,12 +26,12 @@ from pydantic_settings import SettingsError
 from gymkube_envserver.router_metrics import RouterMetrics
 from gymkube_envserver.router_pool import Backend, BackendState, Pool, RoutingError, session_lost
 from gymkube_envserver.router_settings import RouterSettings
+from gymkube_envserver.router_upstream import ConnectFailed, ConnectionDropped, Reply, Upstream
 from gymkube_envserver.wire import ERROR_STATUS, RETRY_AFTER_CODES, ErrorCode, error_body
 
 log = logging.getLogger("gymkube.router")
 
 JSON = "application/json"
-_REQUEST_HEADERS = {"Content-Type": JSON}
 # Backend responses that carry the session id and therefore need it rewritten.
 _ID_RESPONSES = frozenset({"/create", "/reset", "/close", "/detail"})
 # Endpoints served by the router itself or not tied to a session.
@@ -97,12 +97,10 @@ def _error(error: RoutingError, retry_after: int) -> web.Response:
 class Router:
     def __init__(self, settings: RouterSettings) -> None:
         self.settings = settings
-        self._http: aiohttp.ClientSession | None = None
+        self._upstream = Upstream(settings.connect_timeout, settings.keepalive_timeout)
         self._pool: Pool | None = None
         self._metrics: RouterMetrics | None = None
-        self._request_timeout = aiohttp.ClientTimeout(
-            total=settings.request_timeout, sock_connect=settings.connect_timeout
-        )
+        self._sweeper: asyncio.Task[None] | None = None
         self._routes: dict[tuple[str, str], Handler] = {
             ("GET", "/healthz"): self._healthz,
             ("GET", "/readyz"): self._readyz,
@@ -124,28 +122,22 @@ class Router:
         return self._metrics
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(
-            limit=self.settings.max_connections,
-            limit_per_host=0,
-            keepalive_timeout=self.settings.keepalive_timeout,
-            ttl_dns_cache=None,
-        )
-        self._http = aiohttp.ClientSession(
-            connector=connector,
-            cookie_jar=aiohttp.DummyCookieJar(),
-            auto_decompress=False,
-            skip_auto_headers=("User-Agent", "Accept-Encoding"),
-            timeout=self._request_timeout,
-        )
-        self._pool = Pool(self.settings, self._http)
+        self._pool = Pool(self.settings, self._upstream)
         self._metrics = RouterMetrics(self._pool)
         await self._pool.start()
+        self._sweeper = asyncio.create_task(self._sweep_idle_connections())
 
     async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         if self._pool is not None:
             await self._pool.stop()
-        if self._http is not None:
-            await self._http.close()
+        self._upstream.close()
+
+    async def _sweep_idle_connections(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.keepalive_timeout)
+            self._upstream.sweep()
 
     # -- dispatch --------------------------------------------------------------------------
 
@@ -202,7 +194,11 @@ class Router:
         backend, backend_id = await self.pool.lookup(session_id)
         message["id"] = backend_id
         status, payload, headers = await self._forward(
-            request, backend, "POST", path, _swap_id(body, message, session_id, backend_id)
+            request,
+            backend,
+            b"POST",
+            request.raw_path,
+            _swap_id(body, message, session_id, backend_id),
         )
         if path == "/close" and status < 300 and _was_open(payload):
             self.pool.closed(backend)
@@ -215,7 +211,8 @@ class Router:
         backend, backend_id = await self.pool.lookup(session_id)
         query = MultiDict(request.query)
         query["id"] = backend_id
-        status, payload, headers = await self._forward(request, backend, "GET", path, None, query)
+        target = f"{request.rel_url.raw_path}?{urlencode(list(query.items()))}"
+        status, payload, headers = await self._forward(request, backend, b"GET", target, None)
         return self._respond(backend, path, status, payload, headers)
 
     def _respond(
@@ -229,13 +226,12 @@ class Router:
         self,
         request: web.BaseRequest,
         backend: Backend,
-        method: str,
-        path: str,
+        method: bytes,
+        target: str,
         body: bytes | None,
-        query: Mapping[str, str] | None = None,
     ) -> tuple[int, bytes, dict[str, str]]:
         """One backend call; raises ``BackendGone`` when the server is not there any more."""
-        assert self._http is not None
+        raw = _http_request(method, target.encode(), backend.host_header, body)
         task: asyncio.Task[Any] | None = asyncio.current_task()
         assert task is not None
         backend.inflight.add(task)
@@ -245,20 +241,13 @@ class Router:
             # retry on a fresh connection tells that apart from a dead server (refused).
             for attempt in (1, 2):
                 try:
-                    async with self._http.request(
-                        method,
-                        backend.url(path),
-                        params=query,
-                        data=body,
-                        headers=_REQUEST_HEADERS,
-                    ) as response:
-                        payload = await response.read()
-                        headers = _passed_headers(response.headers)
-                        return response.status, payload, headers
-                except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError):
+                    async with asyncio.timeout(self.settings.request_timeout):
+                        reply, _ = await self._upstream.call(backend.host, backend.port, raw)
+                    return reply.status, reply.body, _passed_headers(reply)
+                except ConnectFailed:
                     backend.errors += 1
                     break
-                except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                except ConnectionDropped:
                     backend.errors += 1
                     if attempt == 2 or backend.dead:
                         break
@@ -306,7 +295,7 @@ class Router:
             backend.unreported += 1
             try:
                 status, payload, headers = await self._forward(
-                    request, backend, "POST", "/create", body
+                    request, backend, b"POST", "/create", body
                 )
             except BackendGone:
                 backend.unreported -= 1
@@ -330,7 +319,7 @@ class Router:
             raise RoutingError(ErrorCode.AT_CAPACITY, "no env server in the pool is ready")
         try:
             status, payload, headers = await self._forward(
-                request, backend, "GET", request.path, None
+                request, backend, b"GET", request.raw_path, None
             )
         except BackendGone:
             raise RoutingError(
@@ -400,12 +389,23 @@ def _backend_view(backend: Backend, now: float) -> BackendView:
     )
 
 
-def _passed_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    passed = {"Content-Type": headers.get("Content-Type", JSON)}
-    retry_after = headers.get("Retry-After")
-    if retry_after is not None:
-        passed["Retry-After"] = retry_after
-    return passed
+def _passed_headers(reply: Reply) -> dict[str, str]:
+    content_type = reply.content_type.decode("latin-1") if reply.content_type else JSON
+    if reply.retry_after is None:
+        return {"Content-Type": content_type}
+    return {"Content-Type": content_type, "Retry-After": reply.retry_after.decode("latin-1")}
+
+
+def _http_request(method: bytes, target: bytes, host_header: bytes, body: bytes | None) -> bytes:
+    if body is None:
+        return b"%s %s HTTP/1.1\r\n%s\r\n" % (method, target, host_header)
+    return b"%s %s HTTP/1.1\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+        method,
+        target,
+        host_header,
+        len(body),
+        body,
+    )
 
 
 def _dumps(message: Any) -> bytes:

@@ -18,11 +18,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-import aiohttp
 from pydantic import ValidationError
-from yarl import URL
 
 from gymkube_envserver.router_settings import RouterSettings
+from gymkube_envserver.router_upstream import ConnectFailed, Upstream, UpstreamError
 from gymkube_envserver.wire import ErrorCode, StatusResponse
 
 log = logging.getLogger("gymkube.router")
@@ -58,7 +57,6 @@ def token_address(token: str) -> str | None:
     return address if sep and host and port.isdigit() else None
 
 
-_CACHED_PATHS = 32
 _NO_SUCH_NAME = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)}
 
 BackendState = Literal["ready", "draining", "unready", "dead", "retired", "unknown"]
@@ -70,7 +68,10 @@ class Backend:
 
     address: str
     token: str = field(init=False)
-    base_url: URL = field(init=False)
+    host: str = field(init=False)
+    port: int = field(init=False)
+    # "Host: ...\r\n" for requests to this server.
+    host_header: bytes = field(init=False)
     status: StatusResponse | None = None
     # Known unreachable: its sessions answer 410 until a poll succeeds again.
     dead: bool = False
@@ -85,20 +86,13 @@ class Backend:
     errors: int = 0
     lost: int = 0
     inflight: set[asyncio.Task[object]] = field(default_factory=set)
-    _urls: dict[str, URL] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.token = address_token(self.address)
-        self.base_url = URL(f"http://{self.address}")
-
-    def url(self, path: str) -> URL:
-        cached = self._urls.get(path)
-        if cached is None:
-            cached = self.base_url.with_path(path)
-            # Paths come from clients: cache the protocol's few, not every path anyone sends.
-            if len(self._urls) < _CACHED_PATHS:
-                self._urls[path] = cached
-        return cached
+        host, _, port = self.address.rpartition(":")
+        self.host = host.strip("[]")  # an IPv6 literal connects without its brackets
+        self.port = int(port)
+        self.host_header = f"Host: {self.address}\r\n".encode()
 
     @property
     def free(self) -> int:
@@ -136,9 +130,9 @@ class Backend:
 class Pool:
     """Backends, their polled status and this replica's placements."""
 
-    def __init__(self, settings: RouterSettings, http: aiohttp.ClientSession) -> None:
+    def __init__(self, settings: RouterSettings, upstream: Upstream) -> None:
         self._settings = settings
-        self._http = http
+        self._upstream = upstream
         self.backends: dict[str, Backend] = {}
         self._by_token: dict[str, Backend] = {}
         self._pollers: dict[str, asyncio.Task[None]] = {}
@@ -147,9 +141,6 @@ class Pool:
         # Set (and replaced) after every DNS resolution; waiters hold the one they saw.
         self._resolution = asyncio.Event()
         self._resolve_now = asyncio.Event()
-        self._poll_timeout = aiohttp.ClientTimeout(
-            total=settings.poll_timeout, sock_connect=settings.connect_timeout
-        )
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -258,6 +249,7 @@ class Pool:
         self.backends.pop(backend.address, None)
         self._by_token.pop(backend.token, None)
         self._lose(backend, "left the pool")
+        self._upstream.forget(backend.host, backend.port)
         poller = self._pollers.pop(backend.address, None)
         if poller is not None and poller is not asyncio.current_task():
             poller.cancel()
@@ -305,14 +297,16 @@ class Pool:
         """Fetch one backend's /status and update what placement and routing know of it."""
         unreported_before = backend.unreported
         try:
-            async with self._http.get(
-                backend.url("/status"), timeout=self._poll_timeout
-            ) as response:
-                payload = await response.read()
-                code = response.status
-        except (aiohttp.ClientError, TimeoutError) as exc:
+            async with asyncio.timeout(self._settings.poll_timeout):
+                reply, _ = await self._upstream.call(
+                    backend.host,
+                    backend.port,
+                    b"GET /status HTTP/1.1\r\n" + backend.host_header + b"\r\n",
+                )
+        except (UpstreamError, TimeoutError) as exc:
             self._unreachable(backend, exc)
             return
+        payload, code = reply.body, reply.status
         backend.failures = 0
         backend.last_poll_at = time.time()
         if backend.dead:
@@ -339,7 +333,7 @@ class Pool:
         backend.last_error = f"{type(exc).__name__}: {exc}"
         if backend.retired:
             self._drop(backend)
-        elif isinstance(exc, aiohttp.ClientConnectorError) or (
+        elif (isinstance(exc, ConnectFailed) and exc.refused) or (
             backend.failures >= self._settings.dead_after
         ):
             # Refused means nothing listens, so whatever sessions it held are gone.

@@ -82,9 +82,6 @@ class RouterSettings(BaseSettings):
         description="Idle seconds before a pooled backend connection is closed; keep it below "
         "the env server's own keep-alive timeout.",
     )
-    max_connections: int = Field(
-        default=4096, ge=1, description="Most open connections to all backends together."
-    )
 
     @model_validator(mode="after")
     def _one_backend_source(self) -> RouterSettings:
