@@ -135,6 +135,7 @@ def test_watchdog_replaces_a_frozen_server(
         restart_recorded, timeout=detect_budget, what=f"the watchdog to restart {victim}"
     )
     detected_s = time.monotonic() - frozen_at
+    print(json.dumps({"watchdog_detect_s": round(detected_s, 1)}))
     assert restarts["count"] >= 1
     assert restarts["lastReason"] == "NoAnswer"
     assert any(r["pod"] == victim and r["reason"] == "NoAnswer" for r in restarts["recent"])
