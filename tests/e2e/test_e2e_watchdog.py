@@ -146,9 +146,7 @@ def test_watchdog_replaces_a_frozen_server(
         what=f"a new {victim} to be Ready",
     )
     replaced_s = time.monotonic() - frozen_at
-    print(
-        json.dumps({"watchdog_detect_s": round(detected_s, 1), "replace_s": round(replaced_s, 1)})
-    )
+    print(json.dumps({"watchdog_freeze_to_replaced_s": round(replaced_s, 1)}))
     assert replaced_s <= FAILURE_THRESHOLD * PROBE_PERIOD_S + settings.pod_start_timeout_s
 
     operator.wait_pool_ready(namespace, "lake", extra=lambda p: p["status"]["readyReplicas"] == 2)
