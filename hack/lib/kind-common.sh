@@ -6,8 +6,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/tools.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/cluster-gobuild.sh"
 
 KIND_VERSION=v0.30.0
-# The node image kind $KIND_VERSION publishes for the Kubernetes minor gymkube pins.
-KIND_NODE_IMAGE=${KIND_NODE_IMAGE:-kindest/node:v1.34.0}
+# kind $KIND_VERSION's own default node image (Kubernetes 1.34, the minor gymkube pins), by digest.
+KIND_NODE_IMAGE=${KIND_NODE_IMAGE:-kindest/node:v1.34.0@sha256:7416a61b42b1662ca6ca89f02028ac133a309a2a30ba309614e8ec94d976dc5a}
 KIND_NAME=${GYMKUBE_KIND_NAME:-gymkube}
 KIND_KUBECONFIG=${GYMKUBE_KIND_KUBECONFIG:-$GYMKUBE_CACHE/kind/kubeconfig}
 
