@@ -23,7 +23,8 @@ from e2e_cluster import (
     wait_until,
 )
 
-pytestmark = pytest.mark.e2e
+# Waits inside the tests have their own deadlines; this only bounds a test that hangs outright.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 SESSIONS_PER_REPLICA = 2  # envpool_manifest's default
 

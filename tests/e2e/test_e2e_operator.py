@@ -3,7 +3,8 @@
 import pytest
 from e2e_cluster import Cluster, E2ESettings, api_path, condition_is, is_ready, wait_until
 
-pytestmark = pytest.mark.e2e
+# Waits inside the tests have their own deadlines; this only bounds a test that hangs outright.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
 def test_chart_installs_a_ready_operator(operator: Cluster, settings: E2ESettings) -> None:
