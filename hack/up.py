@@ -1053,7 +1053,8 @@ def down(settings: UpSettings) -> None:
     else:
         how = "make kind-down" if flavour == "kind" else "make cluster-down"
         say(f"the {flavour} cluster was running before `make up`: left running (`{how}` stops it)")
-    (cache_dir() / "state.json").unlink(missing_ok=True)
+    # Docker keeps the images: only the record of the cluster goes.
+    save_state(UpState(image_inputs=state.image_inputs, built_images=state.built_images))
 
 
 def main(argv: list[str]) -> int:
