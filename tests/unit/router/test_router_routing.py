@@ -123,6 +123,23 @@ def test_a_restarted_router_keeps_routing_existing_sessions(pool: Pool, procs: P
         assert http.post("/close", json={"id": session_id}).status_code == 200
 
 
+def test_a_connection_the_server_closed_while_idle_is_not_a_lost_session(
+    pool: Pool, procs: Procs
+) -> None:
+    # uvicorn drops idle keep-alive connections after 5 s; this router would keep them 30 s
+    # and, polling only every 30 s, leaves its connections idle meanwhile.
+    router = procs.router_for(
+        [pool.small, pool.big], "--keepalive-timeout", "30", "--poll-interval", "30"
+    )
+    router.wait_ready()
+    with client(router) as http:
+        session_id = create(http)
+        assert http.post("/reset", json={"id": session_id, "data_idx": 6}).status_code == 200
+        time.sleep(5.5)
+        play_until_done(http, session_id)
+        assert http.post("/close", json={"id": session_id}).status_code == 200
+
+
 def _direct(pool: Pool, session_id: str) -> httpx.Client:
     address = token_address(session_id.partition(".")[0])
     backend = pool.small if address == pool.small.address else pool.big
