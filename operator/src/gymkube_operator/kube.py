@@ -117,12 +117,20 @@ class KubeClient:
         return items
 
     async def delete(
-        self, api_version: str, kind: str, namespace: str, name: str, uid: str | None = None
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        uid: str | None = None,
+        grace_period_seconds: int | None = None,
     ) -> bool:
         """Delete one object (only if it is still the one with this uid); False if it was gone."""
         body: Object = {"kind": "DeleteOptions", "apiVersion": "v1"}
         if uid:
             body["preconditions"] = {"uid": uid}
+        if grace_period_seconds is not None:
+            body["gracePeriodSeconds"] = grace_period_seconds
         try:
             await self._request(
                 "DELETE", resource_path(api_version, kind, namespace, name), body=body

@@ -161,8 +161,11 @@ async def _carry_out(
     """Delete and drain what the plan says; return (action, is_restart) for what was done."""
     done: list[tuple[Action, bool]] = []
     for action in plan.restart + plan.recycle:
-        if await rt.client.delete("v1", "Pod", namespace, action.pod, action.uid):
-            is_restart = action in plan.restart
+        is_restart = action in plan.restart
+        # A hung server ignores SIGTERM and its preStop drain would wait on it: a restart
+        # kills at once, while a recycled (drained) pod keeps its graceful stop.
+        grace = 0 if is_restart else None
+        if await rt.client.delete("v1", "Pod", namespace, action.pod, action.uid, grace):
             kind = "Warning" if is_restart else "Normal"
             verb = "PodRestarted" if is_restart else "PodRecycled"
             kopf.event(body, type=kind, reason=verb, message=_describe(action))
