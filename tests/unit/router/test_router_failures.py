@@ -98,6 +98,23 @@ def test_hung_backend_answers_410_for_a_step_in_flight(procs: Procs) -> None:
             play_until_done(http, session_id)
 
 
+def test_a_call_past_the_request_timeout_fails_instead_of_hanging(procs: Procs) -> None:
+    stuck = procs.env_server(max_sessions=1)
+    # A server that still counts as alive (polls may fail 1000 times) but never answers.
+    router = procs.router_for([stuck], "--dead-after", "1000", "--request-timeout", "1.5")
+    wait_all(stuck, router)
+    with httpx.Client(base_url=router.url, timeout=30.0) as http:
+        [session_id] = open_sessions(http, 1)
+        stuck.signal(signal.SIGSTOP)
+        try:
+            response, took = step_once(http, session_id)
+        finally:
+            stuck.signal(signal.SIGKILL)
+        assert response.status_code == 500
+        assert response.json()["error"]["code"] == "env_failure"
+        assert 1.5 <= took < HUNG_LOST_WITHIN_S
+
+
 def test_full_pool_answers_503_with_retry_after(procs: Procs) -> None:
     backend = procs.env_server(max_sessions=2)
     impatient = procs.router_for([backend], "--create-wait", "0.3", "--retry-after", "3")

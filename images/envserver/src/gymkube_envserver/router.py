@@ -101,6 +101,8 @@ class Router:
         self._pool: Pool | None = None
         self._metrics: RouterMetrics | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        # Requests the sweeper cancelled for running past --request-timeout.
+        self._overdue: set[asyncio.Task[Any]] = set()
         self._routes: dict[tuple[str, str], Handler] = {
             ("GET", "/healthz"): self._healthz,
             ("GET", "/readyz"): self._readyz,
@@ -125,7 +127,7 @@ class Router:
         self._pool = Pool(self.settings, self._upstream)
         self._metrics = RouterMetrics(self._pool)
         await self._pool.start()
-        self._sweeper = asyncio.create_task(self._sweep_idle_connections())
+        self._sweeper = asyncio.create_task(self._sweep())
 
     async def stop(self) -> None:
         if self._sweeper is not None:
@@ -134,10 +136,21 @@ class Router:
             await self._pool.stop()
         self._upstream.close()
 
-    async def _sweep_idle_connections(self) -> None:
+    async def _sweep(self) -> None:
+        """Once a second: close stale idle connections, cancel requests past their deadline.
+
+        The deadline lives here rather than in a timer per request, which would cost more
+        CPU than the rest of a routed step's own bookkeeping.
+        """
         while True:
-            await asyncio.sleep(self.settings.keepalive_timeout)
+            await asyncio.sleep(1.0)
             self._upstream.sweep()
+            deadline = time.monotonic() - self.settings.request_timeout
+            for backend in list(self.pool.backends.values()):
+                for task, sent in list(backend.inflight.items()):
+                    if sent < deadline and task not in self._overdue:
+                        self._overdue.add(task)
+                        task.cancel()
 
     # -- dispatch --------------------------------------------------------------------------
 
@@ -234,15 +247,14 @@ class Router:
         raw = _http_request(method, target.encode(), backend.host_header, body)
         task: asyncio.Task[Any] | None = asyncio.current_task()
         assert task is not None
-        backend.inflight.add(task)
         sent = time.perf_counter()
+        backend.inflight[task] = time.monotonic()
         try:
             # A reset on a pooled connection may be the backend closing it while idle; one
             # retry on a fresh connection tells that apart from a dead server (refused).
             for attempt in (1, 2):
                 try:
-                    async with asyncio.timeout(self.settings.request_timeout):
-                        reply, _ = await self._upstream.call(backend.host, backend.port, raw)
+                    reply, _ = await self._upstream.call(backend.host, backend.port, raw)
                     return reply.status, reply.body, _passed_headers(reply)
                 except ConnectFailed:
                     backend.errors += 1
@@ -251,20 +263,22 @@ class Router:
                     backend.errors += 1
                     if attempt == 2 or backend.dead:
                         break
-                except TimeoutError:
-                    raise RoutingError(
-                        ErrorCode.ENV_FAILURE,
-                        f"env server {backend.address} took over {self.settings.request_timeout}s",
-                    ) from None
             raise BackendGone(backend)
         except asyncio.CancelledError:
+            if task in self._overdue:
+                self._overdue.discard(task)
+                task.uncancel()
+                raise RoutingError(
+                    ErrorCode.ENV_FAILURE,
+                    f"env server {backend.address} took over {self.settings.request_timeout}s",
+                ) from None
             # The pool cancels in-flight calls of a backend it found dead.
             if not backend.dead:
                 raise
             task.uncancel()
             raise BackendGone(backend) from None
         finally:
-            backend.inflight.discard(task)
+            backend.inflight.pop(task, None)
             request["upstream_seconds"] = request.get("upstream_seconds", 0.0) + (
                 time.perf_counter() - sent
             )

@@ -16,7 +16,7 @@ import socket
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -85,7 +85,8 @@ class Backend:
     placed: int = 0
     errors: int = 0
     lost: int = 0
-    inflight: set[asyncio.Task[object]] = field(default_factory=set)
+    # Requests waiting on this backend, with when they were sent (time.monotonic()).
+    inflight: dict[asyncio.Task[Any], float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.token = address_token(self.address)
