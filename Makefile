@@ -108,6 +108,11 @@ test-unit: install ## Unit tier: pure code and in-process servers with real envs
 test-integration: install tools ## Integration tier: the operator against a real kube-apiserver.
 	$(PY) -m pytest -m integration tests/integration
 
+.PHONY: test-e2e
+test-e2e: install tools images ## e2e tier on the local cluster (root): up, load the images, run tests/e2e.
+	hack/test-e2e.sh
+
 .PHONY: test
 test: install tools ## Every tier this machine can run (the README's test command).
 	$(PY) -m pytest tests
+	$(MAKE) --no-print-directory test-e2e
