@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from gymkube_envserver.wire import ScoreScale, TaskInfo, TasksResponse
 
@@ -16,6 +18,21 @@ class EnvInputError(ValueError):
 
 class EnvLostError(RuntimeError):
     """The instance is gone (its process died); the session cannot continue (answered 410)."""
+
+
+ConfigT = TypeVar("ConfigT", bound=BaseModel)
+
+
+def parse_env_config(model: type[ConfigT], env_config: dict[str, Any], env: str) -> ConfigT:
+    """env_config checked against an env's config model; EnvInputError lists every problem."""
+    try:
+        return model.model_validate(env_config)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in err['loc']) or 'env_config'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise EnvInputError(f"invalid {env} env_config: {problems}") from None
 
 
 @dataclass(frozen=True)

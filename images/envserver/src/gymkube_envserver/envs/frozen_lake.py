@@ -13,7 +13,7 @@ import re
 from collections import deque
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from gymkube_envserver.envs.base import (
     EnvBackend,
@@ -23,6 +23,7 @@ from gymkube_envserver.envs.base import (
     ResetParams,
     StepOutcome,
     episode_seed,
+    parse_env_config,
     seeded_tasks,
 )
 from gymkube_envserver.wire import ScoreScale, TasksResponse
@@ -51,14 +52,7 @@ class FrozenLakeConfig(BaseModel):
 
 
 def parse_config(env_config: dict[str, Any]) -> FrozenLakeConfig:
-    try:
-        return FrozenLakeConfig.model_validate(env_config)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in err['loc']) or 'env_config'}: {err['msg']}"
-            for err in exc.errors()
-        )
-        raise EnvInputError(f"invalid frozen_lake env_config: {problems}") from None
+    return parse_env_config(FrozenLakeConfig, env_config, "frozen_lake")
 
 
 def generate_map(size: int, p: float, seed: int) -> list[list[str]]:

@@ -31,12 +31,12 @@ from scienceworld.constants import JAR_PATH
 
 from gymkube_envserver.envs.base import (
     EnvBackend,
-    EnvInputError,
     EnvInstance,
     EnvLostError,
     ResetOutcome,
     ResetParams,
     StepOutcome,
+    parse_env_config,
 )
 from gymkube_envserver.settings import ServerSettings
 from gymkube_envserver.wire import ScoreScale, TaskInfo, TasksResponse
@@ -63,14 +63,7 @@ class SciWorldConfig(BaseModel):
 
 
 def parse_config(env_config: dict[str, Any]) -> SciWorldConfig:
-    try:
-        return SciWorldConfig.model_validate(env_config)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in err['loc']) or 'env_config'}: {err['msg']}"
-            for err in exc.errors()
-        )
-        raise EnvInputError(f"invalid sciworld env_config: {problems}") from None
+    return parse_env_config(SciWorldConfig, env_config, "sciworld")
 
 
 class TaskTable(BaseModel):
