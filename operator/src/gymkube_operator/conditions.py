@@ -56,36 +56,19 @@ def set_condition(
     now: str,
 ) -> list[Condition]:
     """Return the list with one condition set; lastTransitionTime moves only when status changes."""
-    updated: list[Condition] = []
-    found = False
-    for condition in conditions:
-        if condition.type != type:
-            updated.append(condition)
-            continue
-        found = True
-        moved = condition.status != status
-        updated.append(
-            Condition(
-                type=type,
-                status=status,
-                reason=reason,
-                message=message[:MAX_MESSAGE],
-                observed_generation=generation,
-                last_transition_time=now if moved else condition.last_transition_time,
-            )
-        )
-    if not found:
-        updated.append(
-            Condition(
-                type=type,
-                status=status,
-                reason=reason,
-                message=message[:MAX_MESSAGE],
-                observed_generation=generation,
-                last_transition_time=now,
-            )
-        )
-    return updated
+    previous = find_condition(conditions, type)
+    since = now if previous is None or previous.status != status else previous.last_transition_time
+    condition = Condition(
+        type=type,
+        status=status,
+        reason=reason,
+        message=message[:MAX_MESSAGE],
+        observed_generation=generation,
+        last_transition_time=since,
+    )
+    if previous is None:
+        return [*conditions, condition]
+    return [condition if c.type == type else c for c in conditions]
 
 
 def find_condition(conditions: list[Condition], type: str) -> Condition | None:
