@@ -33,6 +33,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -108,6 +109,52 @@ def naive_proxy(argv: list[str]) -> None:
 # -- a canned env server, to find the router's own floor --------------------------------------
 
 
+def _canned(body: dict[str, Any]) -> bytes:
+    payload = json.dumps(body).encode()
+    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+        len(payload),
+        payload,
+    )
+
+
+_CANNED = {
+    b"/step": _canned(
+        {
+            "observation": "You moved up.\nF F H F\nF P F F",
+            "reward": 0.0,
+            "score": 0.0,
+            "done": False,
+            "info": {},
+        }
+    ),
+    b"/status": _canned(
+        {
+            "env": "canned",
+            "active": 0,
+            "capacity": 10_000,
+            "warm": 0,
+            "warm_target": 0,
+            "draining": False,
+            "served": 0,
+            "ready": True,
+            "canary": {},
+        }
+    ),
+    # /reset and /readyz
+    b"": _canned(
+        {
+            "id": "s0",
+            "observation": "start",
+            "task_description": "canned",
+            "reward": 0.0,
+            "score": 0.0,
+            "done": False,
+            "ready": True,
+        }
+    ),
+}
+
+
 class CannedServer(asyncio.Protocol):
     """Answers the env protocol with fixed bodies at a few µs per request.
 
@@ -130,48 +177,12 @@ class CannedServer(asyncio.Protocol):
             if len(self._buffer) < end + 4 + length:
                 return
             self._buffer = self._buffer[end + 4 + length :]
-            self._transport.write(self._answer(head.split(b" ", 2)[1]))
-
-    def _answer(self, path: bytes) -> bytes:
-        body: dict[str, Any]
-        if path == b"/step":
-            body = {
-                "observation": "You moved up.\nF F H F\nF P F F",
-                "reward": 0.0,
-                "score": 0.0,
-                "done": False,
-                "info": {},
-            }
-        elif path == b"/create":
-            CannedServer.created += 1
-            body = {"id": f"s{CannedServer.created}"}
-        elif path == b"/status":
-            body = {
-                "env": "canned",
-                "active": 0,
-                "capacity": 10_000,
-                "warm": 0,
-                "warm_target": 0,
-                "draining": False,
-                "served": 0,
-                "ready": True,
-                "canary": {},
-            }
-        else:  # /reset, /readyz
-            body = {
-                "id": "s0",
-                "observation": "start",
-                "task_description": "canned",
-                "reward": 0.0,
-                "score": 0.0,
-                "done": False,
-                "ready": True,
-            }
-        payload = json.dumps(body).encode()
-        return (
-            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload)
-        )
+            path = head.split(b" ", 2)[1]
+            if path == b"/create":
+                CannedServer.created += 1
+                self._transport.write(_canned({"id": f"s{CannedServer.created}"}))
+            else:
+                self._transport.write(_CANNED.get(path, _CANNED[b""]))
 
 
 def canned_server(argv: list[str]) -> None:
@@ -190,12 +201,24 @@ def canned_server(argv: list[str]) -> None:
 # -- a lean keep-alive HTTP/1.1 client ---------------------------------------------------------
 
 
+def http_request(method: str, path: str, body: bytes = b"") -> bytes:
+    return (
+        f"{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+
+
 class Connection(asyncio.Protocol):
-    """One keep-alive connection, one request at a time; responses need Content-Length."""
+    """One keep-alive connection, one request at a time; responses need Content-Length.
+
+    The load itself runs on callbacks (``send``): the next request goes out from inside
+    ``data_received``, with no task switch per request, so the generator stays cheap.
+    """
 
     def __init__(self) -> None:
         self._buffer = bytearray()
-        self._waiter: asyncio.Future[tuple[int, bytes]] | None = None
+        self._on_response: Callable[[int, bytes], None] | None = None
         self._transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -203,8 +226,9 @@ class Connection(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_exception(ConnectionError("connection closed"))
+        callback, self._on_response = self._on_response, None
+        if callback is not None:
+            callback(0, b"connection closed")
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data
@@ -213,23 +237,28 @@ class Connection(asyncio.Protocol):
             return
         head = bytes(self._buffer[:end]).lower()
         at = head.find(b"content-length:")
-        length = int(head[at + 15 : head.find(b"\r\n", at) if b"\r\n" in head[at:] else None])
+        line_end = head.find(b"\r\n", at)
+        length = int(head[at + 15 : line_end if line_end >= 0 else None])
         if len(self._buffer) < end + 4 + length:
             return
         body = bytes(self._buffer[end + 4 : end + 4 + length])
         del self._buffer[: end + 4 + length]
-        assert self._waiter is not None
-        self._waiter.set_result((int(head[9:12]), body))
+        callback, self._on_response = self._on_response, None
+        assert callback is not None
+        callback(int(head[9:12]), body)
+
+    def send(self, request: bytes, on_response: Callable[[int, bytes], None]) -> None:
+        assert self._transport is not None
+        self._on_response = on_response
+        self._transport.write(request)
 
     async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
-        assert self._transport is not None
-        self._waiter = asyncio.get_running_loop().create_future()
-        self._transport.write(
-            f"{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body
+        answered: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
+        self.send(
+            http_request(method, path, body),
+            lambda status, reply: answered.set_result((status, reply)),
         )
-        return await self._waiter
+        return await answered
 
     def close(self) -> None:
         if self._transport is not None:
@@ -296,80 +325,133 @@ class Load:
         self.actions = actions
         self.think = think
         self.windows: dict[str, Window] | None = None
+        self.stopping = False
 
     async def run(
         self, plans: list[list[Route]], seconds: float, warmup: float = 1.0
     ) -> dict[str, Window]:
-        stop = asyncio.Event()
-        tasks = [
-            asyncio.create_task(self._drive(session, plan, stop))
+        self.stopping = False
+        drivers = [
+            await SessionDriver.open(self, session, plan)
             for session, plan in zip(self.sessions, plans, strict=True)
         ]
-        paths = {path.name: path for plan in plans for path in plan}
+        routes = {route.name: route for plan in plans for route in plan}
         pids = {
-            name: path.proc.popen.pid
-            for name, path in paths.items()
-            if path.proc is not None and path.proc.popen is not None
+            name: route.proc.popen.pid
+            for name, route in routes.items()
+            if route.proc is not None and route.proc.popen is not None
         }
+        for driver in drivers:
+            driver.step()
         await asyncio.sleep(warmup)
-        windows = {name: Window() for name in paths}
+        windows = {name: Window() for name in routes}
         cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
         self.windows = windows
         await asyncio.sleep(seconds)
         self.windows = None
         for name, pid in pids.items():
             windows[name].cpu_seconds = cpu_seconds(pid) - cpu_before[name]
-        stop.set()
-        await asyncio.gather(*tasks)
+        self.stopping = True
+        await asyncio.gather(*(driver.finished for driver in drivers))
         return windows
 
-    async def _drive(self, session: Session, plan: list[Route], stop: asyncio.Event) -> None:
-        connections = [await connect(path.address(session)) for path in plan]
-        steps = [
-            [
-                json.dumps({"id": path.session_id(session), "action": action}).encode()
-                for action in self.actions
-            ]
-            for path in plan
-        ]
-        resets = [
-            json.dumps({"id": path.session_id(session), "data_idx": session.data_idx}).encode()
-            for path in plan
-        ]
-        turn = 0
-        try:
-            while not stop.is_set():
-                which = turn % len(plan)
-                connection, name = connections[which], plan[which].name
-                body = steps[which][(turn // len(plan)) % len(self.actions)]
-                turn += 1
-                started = time.perf_counter()
-                status, reply = await connection.request("POST", "/step", body)
-                took = time.perf_counter() - started
-                if status == 409:  # the episode ended on a step that went another way
-                    await connection.request("POST", "/reset", resets[which])
-                    self._count(name, None)
-                    continue
-                if status != 200:
-                    raise RuntimeError(f"{name} step answered {status}: {reply[:300]!r}")
-                self._count(name, took)
-                if b'"done":true' in reply:
-                    await connection.request("POST", "/reset", resets[which])
-                    self._count(name, None)
-                if self.think:
-                    await asyncio.sleep(self.think)
-        finally:
-            for connection in connections:
-                connection.close()
-
-    def _count(self, path: str, step_latency: float | None) -> None:
+    def count(self, route: str, step_latency: float | None) -> None:
         if self.windows is None:
             return
-        window = self.windows[path]
+        window = self.windows[route]
         window.requests += 1
         if step_latency is not None:
             window.steps += 1
             window.step_latencies.append(step_latency)
+
+
+class SessionDriver:
+    """Steps one session in a closed loop on callbacks, cycling through its routes."""
+
+    def __init__(
+        self, load: Load, session: Session, plan: list[Route], connections: list[Connection]
+    ) -> None:
+        self._load = load
+        self._plan = plan
+        self._connections = connections
+        self._steps = [
+            [
+                http_request(
+                    "POST",
+                    "/step",
+                    json.dumps({"id": route.session_id(session), "action": action}).encode(),
+                )
+                for action in load.actions
+            ]
+            for route in plan
+        ]
+        self._resets = [
+            http_request(
+                "POST",
+                "/reset",
+                json.dumps(
+                    {"id": route.session_id(session), "data_idx": session.data_idx}
+                ).encode(),
+            )
+            for route in plan
+        ]
+        self._turn = 0
+        self._which = 0
+        self._sent = 0.0
+        self._loop = asyncio.get_running_loop()
+        self.finished: asyncio.Future[None] = self._loop.create_future()
+
+    @classmethod
+    async def open(cls, load: Load, session: Session, plan: list[Route]) -> SessionDriver:
+        connections = [await connect(route.address(session)) for route in plan]
+        return cls(load, session, plan, connections)
+
+    def step(self) -> None:
+        if self._load.stopping:
+            for connection in self._connections:
+                connection.close()
+            self.finished.set_result(None)
+            return
+        self._which = self._turn % len(self._plan)
+        actions = self._steps[self._which]
+        request = actions[(self._turn // len(self._plan)) % len(actions)]
+        self._turn += 1
+        self._sent = time.perf_counter()
+        self._connections[self._which].send(request, self._stepped)
+
+    def _stepped(self, status: int, reply: bytes) -> None:
+        took = time.perf_counter() - self._sent
+        name = self._plan[self._which].name
+        if status == 409:  # the episode ended on a step that went another way
+            self._reset()
+        elif status != 200:
+            self._fail(f"{name} step answered {status}: {reply[:300]!r}")
+        else:
+            self._load.count(name, took)
+            if b'"done":true' in reply:
+                self._reset()
+            else:
+                self._next()
+
+    def _reset(self) -> None:
+        self._connections[self._which].send(self._resets[self._which], self._was_reset)
+
+    def _was_reset(self, status: int, reply: bytes) -> None:
+        if status != 200:
+            self._fail(f"reset answered {status}: {reply[:300]!r}")
+            return
+        self._load.count(self._plan[self._which].name, None)
+        self._next()
+
+    def _next(self) -> None:
+        if self._load.think:
+            self._loop.call_later(self._load.think, self.step)
+        else:
+            self.step()
+
+    def _fail(self, why: str) -> None:
+        if not self.finished.done():
+            self.finished.set_exception(RuntimeError(why))
 
 
 async def open_sessions(router: Proc, count: int, data_idx: int | None = None) -> list[Session]:
@@ -569,7 +651,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "window_s": args.window,
         "rounds": args.rounds,
     }
-    benches = [
+    benches: list[tuple[str, Callable[[Procs, float, int], Awaitable[dict[str, Any]]]]] = [
         ("cpu", bench_cpu),
         ("cpu_router_bound", bench_cpu_router_bound),
         ("latency", bench_latency),
