@@ -458,7 +458,13 @@ class Kube:
             header_params={"Accept": "application/json"},
             auth_settings=["BearerToken"],
         )
-        response = self.api.call_api(method, url, headers, _request_timeout=30)
+        try:
+            response = self.api.call_api(method, url, headers, _request_timeout=30)
+        except Exception as err:  # urllib3's connection, TLS and timeout errors
+            raise UpError(
+                f"the API server in {self.kubeconfig} does not answer ({type(err).__name__}); "
+                "is the cluster still up?"
+            ) from err
         payload: bytes = response.response.data
         if response.status == 404:
             return None
@@ -707,13 +713,26 @@ def restart_pools(
         out = kube.kubectl("rollout", "restart", "-n", ns, ref)
         if out.returncode != 0:
             raise UpError(f"kubectl rollout restart {ref} failed: {out.stderr.strip()}")
-        run_streamed(
-            [
-                tool("kubectl"), "--kubeconfig", str(kube.kubeconfig), "rollout", "status",
-                "-n", ns, ref, f"--timeout={int(settings.pool_timeout_s)}s",
-            ],
-            what=f"{ref} rollout",
-        )  # fmt: skip
+        path = f"/apis/apps/v1/namespaces/{ns}/{plural}/{name}"
+
+        def check(path: str = path) -> tuple[bool, str]:
+            return rolled_out(kube.get(path))
+
+        poll(ref, check, settings.pool_timeout_s, settings.poll_interval_s, "rolled out")
+
+
+def rolled_out(workload: Object | None) -> tuple[bool, str]:
+    """A StatefulSet or Deployment whose every replica runs the latest template and is ready."""
+    if workload is None:
+        return False, "gone"
+    status, want = workload.get("status") or {}, workload["spec"].get("replicas", 1)
+    updated, ready = status.get("updatedReplicas", 0), status.get("readyReplicas", 0)
+    done = (
+        status.get("observedGeneration", 0) >= workload["metadata"].get("generation", 0)
+        and updated == ready == status.get("replicas", 0) == want
+        and status.get("currentRevision") == status.get("updateRevision")  # StatefulSet only
+    )
+    return done, f"{updated}/{want} on the new template, {ready}/{want} ready"
 
 
 @dataclass
