@@ -267,18 +267,13 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
         labels={POOL_LABEL: kopf.PRESENT},
         registry=registry,
     )
-    async def envpool_statefulsets(
-        namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
-    ) -> dict[PoolKey, Object]:
-        return keyed(namespace, labels, _slim_workload(body))
-
     @kopf.index(
         "deployments",
         id="envpool_routers",
         labels={POOL_LABEL: kopf.PRESENT, COMPONENT_LABEL: ROUTER},
         registry=registry,
     )
-    async def envpool_routers(
+    async def envpool_workloads(
         namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
     ) -> dict[PoolKey, Object]:
         return keyed(namespace, labels, _slim_workload(body))
