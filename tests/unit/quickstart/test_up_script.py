@@ -105,3 +105,20 @@ def test_images_are_rebuilt_only_when_an_input_changed_and_the_change_is_named()
     gone = dict(list(have.items())[1:])
     assert up.why_build(settings, built, inputs, gone) == f"Docker lacks {up.image_refs()[0]}"
     assert up.why_build(settings, up.UpState(), inputs, have) == "no build by `make up` recorded"
+
+
+def test_a_rollout_is_done_only_when_every_replica_runs_the_new_template_and_is_ready() -> None:
+    def statefulset(**status: object) -> dict[str, object]:
+        return {"metadata": {"generation": 2}, "spec": {"replicas": 2}, "status": status}
+
+    rolling = statefulset(
+        observedGeneration=2, replicas=2, updatedReplicas=1, readyReplicas=2,
+        currentRevision="a", updateRevision="b",
+    )  # fmt: skip
+    assert up.rolled_out(rolling) == (False, "1/2 on the new template, 2/2 ready")
+    rolled = statefulset(
+        observedGeneration=2, replicas=2, updatedReplicas=2, readyReplicas=2,
+        currentRevision="b", updateRevision="b",
+    )  # fmt: skip
+    assert up.rolled_out(rolled)[0]
+    assert up.rolled_out(None) == (False, "gone")
