@@ -254,7 +254,9 @@ class Router:
             # retry on a fresh connection tells that apart from a dead server (refused).
             for attempt in (1, 2):
                 try:
-                    reply, _ = await self._upstream.call(backend.host, backend.port, raw)
+                    reply = await self._upstream.call(
+                        backend.host, backend.port, raw, fresh=attempt == 2
+                    )
                     return reply.status, reply.body, _passed_headers(reply)
                 except ConnectFailed:
                     backend.errors += 1

@@ -299,7 +299,7 @@ class Pool:
         unreported_before = backend.unreported
         try:
             async with asyncio.timeout(self._settings.poll_timeout):
-                reply, _ = await self._upstream.call(
+                reply = await self._upstream.call(
                     backend.host,
                     backend.port,
                     b"GET /status HTTP/1.1\r\n" + backend.host_header + b"\r\n",

@@ -123,11 +123,10 @@ class Upstream:
         self._keepalive_timeout = keepalive_timeout
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
 
-    async def call(self, host: str, port: int, request: bytes) -> tuple[Reply, bool]:
-        """Send one raw request; the reply, and whether it went over a reused connection."""
+    async def call(self, host: str, port: int, request: bytes, fresh: bool = False) -> Reply:
+        """Send one raw request over an idle pooled connection, or a new one when ``fresh``."""
         idle = self._idle.setdefault((host, port), [])
-        connection = self._take(idle)
-        reused = connection is not None
+        connection = None if fresh else self._take(idle)
         if connection is None:
             connection = await self._connect(host, port)
         try:
@@ -141,7 +140,7 @@ class Upstream:
             idle.append(connection)
         else:
             connection.close()
-        return reply, reused
+        return reply
 
     def sweep(self) -> None:
         """Close connections idle longer than the keep-alive timeout."""
