@@ -33,6 +33,11 @@ FreeForm = Annotated[
 ]
 
 
+def validation_rules(*rules: tuple[str, str]) -> dict[str, Any]:
+    """CEL (rule, message) pairs as x-kubernetes-validations, checked by the API server."""
+    return {"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]}
+
+
 class CamelModel(BaseModel):
     """A resource model whose JSON keys are camelCase, as Kubernetes users write them."""
 

@@ -1,11 +1,9 @@
 """The EnvPool resource: spec and status models. The CRD schema is generated from these."""
 
-from typing import Any
-
 from pydantic import ConfigDict, Field
 
 from gymkube_operator.conditions import CONDITIONS_SCHEMA_EXTRA, Condition, Timestamp
-from gymkube_operator.kinds import CamelModel, FreeForm, ResourceRequirements
+from gymkube_operator.kinds import CamelModel, FreeForm, ResourceRequirements, validation_rules
 
 KIND = "EnvPool"
 PLURAL = "envpools"
@@ -14,10 +12,6 @@ ENV_PATTERN = (
     r"^(sciworld|frozen_lake|textarena:[A-Za-z0-9_.-]+"
     r"|plugin:[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$"
 )
-
-
-def _rules(*rules: tuple[str, str]) -> dict[str, Any]:
-    return {"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]}
 
 
 class RouterSpec(CamelModel):
@@ -36,7 +30,7 @@ class WatchdogSpec(CamelModel):
     """How the operator probes, restarts and recycles env-server pods."""
 
     model_config = ConfigDict(
-        json_schema_extra=_rules(
+        json_schema_extra=validation_rules(
             (
                 "self.probeTimeoutSeconds < self.probePeriodSeconds",
                 "watchdog.probeTimeoutSeconds must be shorter than watchdog.probePeriodSeconds",
@@ -93,7 +87,7 @@ class EnvPoolSpec(CamelModel):
     """What a user asks for: which env, how many servers, how big, and how to keep them healthy."""
 
     model_config = ConfigDict(
-        json_schema_extra=_rules(
+        json_schema_extra=validation_rules(
             (
                 "self.warmSessionsPerReplica <= self.sessionsPerReplica",
                 "warmSessionsPerReplica must not exceed sessionsPerReplica",
@@ -107,7 +101,7 @@ class EnvPoolSpec(CamelModel):
             "Which env the servers host: sciworld, frozen_lake, textarena:<GameId> "
             "or plugin:<module>:<Class>."
         ),
-        json_schema_extra=_rules(
+        json_schema_extra=validation_rules(
             (
                 f"self.matches('{ENV_PATTERN}')",
                 "env must be sciworld, frozen_lake, textarena:<GameId> or plugin:<module>:<Class>",

@@ -1,12 +1,18 @@
 """The TrainingRun resource: spec and status models. The CRD schema is generated from these."""
 
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field
 
 from gymkube_operator.conditions import CONDITIONS_SCHEMA_EXTRA, Condition, Timestamp
-from gymkube_operator.kinds import CamelModel, FreeForm, Quantity, ResourceRequirements
+from gymkube_operator.kinds import (
+    CamelModel,
+    FreeForm,
+    Quantity,
+    ResourceRequirements,
+    validation_rules,
+)
 
 KIND = "TrainingRun"
 PLURAL = "trainingruns"
@@ -34,10 +40,6 @@ OVERRIDE_PATTERN = r"^(~[A-Za-z_][A-Za-z0-9_.@/-]*(=.*)?|(\+\+|\+)?[A-Za-z_][A-Z
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 
-def _rules(*rules: tuple[str, str]) -> dict[str, Any]:
-    return {"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]}
-
-
 class EnvPoolRef(CamelModel):
     """The EnvPool (same namespace) whose URL the agent loop talks to."""
 
@@ -50,7 +52,7 @@ class ModelSpec(CamelModel):
     """The policy model verl loads: a path inside a mounted volume, or a hub id with no volume."""
 
     model_config = ConfigDict(
-        json_schema_extra=_rules(
+        json_schema_extra=validation_rules(
             (
                 "!has(self.volume) || self.path.startsWith(self.mountPath + '/')",
                 "model.path must lie under model.mountPath when model.volume is set",
