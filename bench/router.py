@@ -19,9 +19,8 @@ sessions take each route, swapped every round (sciworld). Prints one JSON docume
 - sciworld: steps/s through the router / direct on two ScienceWorld servers (env-bound).
   Target ratio >= 0.95.
 
-    .venv/bin/python -P bench/router.py [--window 5] [--rounds 2] [--no-sciworld]
+    .venv/bin/python bench/router.py [--window 5] [--rounds 2] [--no-sciworld]
 
-(-P keeps bench/ itself off sys.path, where bench/operator.py would shadow the stdlib module.)
 """
 
 from __future__ import annotations
@@ -500,7 +499,7 @@ async def bench_cpu(procs: Procs, window: float, rounds: int) -> dict[str, Any]:
         Proc(
             "plain aiohttp proxy",
             [SCRIPT, "naive-proxy", "--backend", backend.address],
-            launcher=["-P"],
+            launcher=[],
         )
     )
     wait_all(backend, router, plain)
@@ -529,14 +528,14 @@ async def bench_cpu(procs: Procs, window: float, rounds: int) -> dict[str, Any]:
 
 
 async def bench_cpu_router_bound(procs: Procs, window: float, rounds: int) -> dict[str, Any]:
-    backend = procs.start(Proc("canned env server", [SCRIPT, "canned-server"], launcher=["-P"]))
+    backend = procs.start(Proc("canned env server", [SCRIPT, "canned-server"], launcher=[]))
     backend.wait_ready()
     router = procs.router_for([backend], fast_polling=False)
     plain = procs.start(
         Proc(
             "plain aiohttp proxy",
             [SCRIPT, "naive-proxy", "--backend", backend.address],
-            launcher=["-P"],
+            launcher=[],
         )
     )
     wait_all(router, plain)
