@@ -11,6 +11,14 @@ from gymkube_operator.kube import KubeClient
 from gymkube_operator.settings import OperatorSettings
 
 
+def namespaced(namespace: str | None) -> str:
+    """The namespace kopf hands a handler: every gymkube object and child lives in one."""
+    # kopf's types allow None for cluster-scoped objects.
+    if namespace is None:
+        raise kopf.PermanentError("gymkube objects and their children are namespaced")
+    return namespace
+
+
 @dataclasses.dataclass
 class Runtime:
     settings: OperatorSettings

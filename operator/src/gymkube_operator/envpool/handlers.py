@@ -20,7 +20,7 @@ from gymkube_operator.envpool.watchdog import Action, Memory, Plan, decide
 from gymkube_operator.kinds import GROUP, VERSION
 from gymkube_operator.kube import KubeError
 from gymkube_operator.objects import Object
-from gymkube_operator.runtime import Runtime
+from gymkube_operator.runtime import Runtime, namespaced
 
 PoolKey = tuple[str, str]
 WAKE_DEBOUNCE_SECONDS = 0.2
@@ -62,13 +62,6 @@ def _slim_pod(body: kopf.Body) -> Object:
             ],
         },
     }
-
-
-def _namespace(namespace: str | None) -> str:
-    # EnvPools and their children are namespaced; kopf types allow None for cluster objects.
-    if namespace is None:
-        raise kopf.PermanentError("gymkube objects are namespaced")
-    return namespace
 
 
 def _describe(action: Action) -> str:
@@ -254,7 +247,7 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     pools: dict[PoolKey, PoolState] = {}
 
     def keyed(namespace: str | None, labels: kopf.Labels, value: Object) -> dict[PoolKey, Object]:
-        key = (_namespace(namespace), labels[POOL_LABEL])
+        key = (namespaced(namespace), labels[POOL_LABEL])
         # A child changed: wake the pool's watchdog so its status follows within moments.
         if (state := pools.get(key)) is not None:
             state.wake.set()
@@ -287,7 +280,7 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     async def envpool_pods(
         namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
     ) -> dict[PoolKey, Object]:
-        return {(_namespace(namespace), labels[POOL_LABEL]): _slim_pod(body)}
+        return {(namespaced(namespace), labels[POOL_LABEL]): _slim_pod(body)}
 
     @kopf.on.resume(GROUP, VERSION, PLURAL, id="envpool_reconcile", registry=registry)
     @kopf.on.create(GROUP, VERSION, PLURAL, id="envpool_reconcile", registry=registry)
@@ -295,7 +288,7 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     async def reconcile_envpool(
         name: str, namespace: str | None, uid: str, body: kopf.Body, meta: kopf.Meta, **_: Any
     ) -> None:
-        key = (_namespace(namespace), name)
+        key = (namespaced(namespace), name)
         state = pools.setdefault(key, PoolState())
         await reconcile(rt, state, name, key[0], uid, body, meta.get("generation", 1))
 
@@ -318,7 +311,7 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
         logger: kopf.Logger,
         **kwargs: Any,
     ) -> None:
-        key = (_namespace(namespace), name)
+        key = (namespaced(namespace), name)
         state = pools.setdefault(key, PoolState())
         # kopf passes each index as a keyword argument named by its id.
         indexes = (

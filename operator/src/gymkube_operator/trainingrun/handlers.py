@@ -16,7 +16,7 @@ import kopf
 from gymkube_operator.kinds import API_VERSION, GROUP, VERSION
 from gymkube_operator.kube import KubeError
 from gymkube_operator.objects import Object
-from gymkube_operator.runtime import Runtime
+from gymkube_operator.runtime import Runtime, namespaced
 from gymkube_operator.trainingrun import lifecycle, render
 from gymkube_operator.trainingrun.models import KIND, PLURAL, TrainingRunSpec, TrainingRunStatus
 
@@ -139,13 +139,6 @@ async def reconcile(rt: Runtime, namespace: str, name: str) -> lifecycle.Plan | 
     return plan
 
 
-def _namespace(namespace: str | None) -> str:
-    # kopf's types allow None for cluster-scoped objects; everything here is namespaced.
-    if namespace is None:
-        raise kopf.PermanentError("TrainingRuns and their children are namespaced")
-    return namespace
-
-
 def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     """Register the TrainingRun handlers on a registry (tests build their own)."""
     wakes: dict[RunKey, asyncio.Event] = {}
@@ -159,12 +152,12 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     def trainingrun_changed(namespace: str | None, name: str, **_: Any) -> None:
-        wake((_namespace(namespace), name))
+        wake((namespaced(namespace), name))
 
     @kopf.on.event("batch", "v1", "jobs", labels=run_children, registry=registry)
     @kopf.on.event("ray.io", "v1", "rayjobs", labels=run_children, registry=registry)
     def trainingrun_child_changed(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
-        wake((_namespace(namespace), labels[render.RUN_LABEL]))
+        wake((namespaced(namespace), labels[render.RUN_LABEL]))
 
     @kopf.on.event(GROUP, VERSION, "envpools", registry=registry)
     def trainingrun_pool_changed(namespace: str | None, name: str, **_: Any) -> None:
@@ -176,7 +169,7 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     async def trainingrun_daemon(
         name: str, namespace: str | None, spec: kopf.Spec, stopped: kopf.DaemonStopped, **_: Any
     ) -> None:
-        key = (_namespace(namespace), name)
+        key = (namespaced(namespace), name)
         event = wakes.setdefault(key, asyncio.Event())
         try:
             while not stopped:
