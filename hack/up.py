@@ -83,6 +83,8 @@ SMALL_NODE_OVERRIDES: dict[tuple[str, str], dict[str, Any]] = {
 }
 HEARTBEAT_S = 20.0
 EXAMPLES_DELETE_TIMEOUT_S = 120.0
+# Degraded reasons that no amount of waiting fixes (docs/envpool.md).
+POOL_STUCK = ("ApplyFailed", "RestartBudgetExhausted")
 
 Object = dict[str, Any]
 ClusterKind = Literal["kind", "local"]
@@ -780,6 +782,14 @@ def run_done(obj: Object) -> bool:
     return condition_true(obj, "PreflightPassed") and bool(status.get("training"))
 
 
+def pool_failed(obj: Object) -> str | None:
+    """A pool that needs a human: waiting longer will not make it Ready."""
+    degraded = condition(obj, "Degraded")
+    if degraded and degraded.get("status") == "True" and degraded.get("reason") in POOL_STUCK:
+        return f"Degraded {degraded.get('reason')}: {degraded.get('message')}"
+    return None
+
+
 def run_failed(obj: Object) -> str | None:
     if condition_true(obj, "Failed"):
         failed = condition(obj, "Failed") or {}
@@ -806,8 +816,9 @@ def wait_examples(kube: Kube, settings: UpSettings, watched: list[Watched]) -> N
                 item.last = text
             obj = item.obj
             if obj is not None and current(obj):
-                if not pool and (failure := run_failed(obj)):
-                    raise UpError(f"trainingrun/{item.name} failed: {failure}")
+                failure = pool_failed(obj) if pool else run_failed(obj)
+                if failure:
+                    raise UpError(f"{item.kind.lower()}/{item.name} failed: {failure}")
                 if (pool and condition_true(obj, "Ready")) or (not pool and run_done(obj)):
                     item.ready_after = time.monotonic() - item.started
                     what = "Ready" if pool else "preflight passed"

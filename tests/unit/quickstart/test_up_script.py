@@ -122,3 +122,14 @@ def test_a_rollout_is_done_only_when_every_replica_runs_the_new_template_and_is_
     )  # fmt: skip
     assert up.rolled_out(rolled)[0]
     assert up.rolled_out(None) == (False, "gone")
+
+
+def test_a_pool_that_needs_a_human_fails_the_wait_at_once_a_probing_one_does_not() -> None:
+    def pool(reason: str) -> dict[str, object]:
+        degraded = {"type": "Degraded", "status": "True", "reason": reason, "message": "m"}
+        return {"status": {"conditions": [degraded]}}
+
+    assert up.pool_failed(pool("ApplyFailed")) == "Degraded ApplyFailed: m"
+    assert up.pool_failed(pool("RestartBudgetExhausted")) is not None
+    assert up.pool_failed(pool("ProbesFailing")) is None
+    assert up.pool_failed({"status": {}}) is None
