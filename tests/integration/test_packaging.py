@@ -442,7 +442,11 @@ def test_operator_rbac(
             operator.kill()
             operator.wait()
     log_text = log_path.read_text(errors="replace")
+    # In cluster mode the operator also sees other tests' namespaces; writes into one that is
+    # being deleted are refused for that reason (NamespaceTerminating), not for RBAC.
     refused = [
-        line for line in log_text.splitlines() if re.search(r"forbidden|\b403\b", line, re.I)
+        line
+        for line in log_text.splitlines()
+        if re.search(r"forbidden|\b403\b", line, re.I) and "NamespaceTerminating" not in line
     ]
     assert refused == [], "\n".join(refused)
