@@ -9,7 +9,8 @@
   interleaved on identical action sequences. Target: at most 1.2x (at most 5 ms added at p50).
 - frozen_lake: steps/s with 64 concurrent sessions on one server process (client in another
   process, keep-alive connections). Target: at least 2,000 steps/s.
-- jvm_flags (``--jvm-flags``): JVM start, task load and step times and RSS per candidate flag set,
+- jvm_flags (``--jvm-flags``): JVM start, reset and step times (before and after the warm-pool
+  warm-up), warm-up cost and RSS per candidate flag set,
   the measurement behind the server's default ``--jvm-options``.
 
 Every server is a real ``gymkube-envserver`` process on 127.0.0.1; all are stopped at the end.
@@ -27,7 +28,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ JVM_CANDIDATES = {
     "jvm_defaults": "",
     "serial_gc": "-XX:+UseSerialGC",
     "serial_gc_c1": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1",
+    "gymkube_default_c1_only": f"{DEFAULT_JVM_OPTIONS} -XX:TieredStopAtLevel=1",
     "gymkube_default": DEFAULT_JVM_OPTIONS,
 }
 
@@ -94,13 +96,48 @@ def envserver(*args: str, jvm_options: str | None = None) -> Iterator[tuple[str,
 
 
 def wait_warm(client: httpx.Client, target: int) -> None:
-    """Wait until the warm pool is full and no closed JVM is still exiting."""
+    """Wait until the warm pool is full."""
     deadline = time.monotonic() + 300
     while client.get("/status").json()["warm"] < target:
         if time.monotonic() > deadline:
             raise TimeoutError("warm pool did not refill")
         time.sleep(0.05)
-    time.sleep(0.3)
+
+
+def process_tree(pid: int) -> list[int]:
+    """A process and all of its descendants (a server and its JVMs)."""
+    tree, index = [pid], 0
+    while index < len(tree):
+        for task in Path(f"/proc/{tree[index]}/task").glob("*/children"):
+            with suppress(OSError):  # the thread or process just exited
+                tree.extend(int(child) for child in task.read_text().split())
+        index += 1
+    return tree
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    total = 0.0
+    for member in process_tree(pid):
+        with suppress(OSError):
+            total += cpu_seconds(member)
+    return total
+
+
+def settle(pids: list[int], window_s: float = 0.3, idle_share: float = 0.05) -> None:
+    """Wait until no server (nor its JVMs) is busy: refills, JIT compiles and JVM exits done.
+
+    Each sample then measures its own request, not the background work a previous one left.
+    """
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        before = [tree_cpu_seconds(pid) for pid in pids]
+        time.sleep(window_s)
+        after = [tree_cpu_seconds(pid) for pid in pids]
+        if all(
+            end - start < idle_share * window_s for start, end in zip(before, after, strict=True)
+        ):
+            return
+    raise TimeoutError("the servers did not settle")
 
 
 def create_reset_ms(client: httpx.Client, data_idx: int) -> float:
@@ -121,16 +158,17 @@ def bench_create_reset(samples: int) -> dict[str, Any]:
         "cold_jvm_defaults": (("--env", "sciworld", "--warm", "0", "--max-sessions", "2"), ""),
     }
     with (
-        envserver(*servers["warm"][0]) as (warm_url, _),
-        envserver(*servers["cold"][0]) as (cold_url, _),
-        envserver(*servers["cold_jvm_defaults"][0], jvm_options="") as (default_url, _),
+        envserver(*servers["warm"][0]) as (warm_url, warm_pid),
+        envserver(*servers["cold"][0]) as (cold_url, cold_pid),
+        envserver(*servers["cold_jvm_defaults"][0], jvm_options="") as (default_url, default_pid),
     ):
         urls = {"warm": warm_url, "cold": cold_url, "cold_jvm_defaults": default_url}
         clients = {name: httpx.Client(base_url=url, timeout=300) for name, url in urls.items()}
         for data_idx in indices:
-            # Round-robin so all three see the same box load.
+            # Round-robin, each sample on a settled box, so all three see the same conditions.
             for name, client in clients.items():
-                wait_warm(client, 1 if name == "warm" else 0)
+                wait_warm(clients["warm"], 1)
+                settle([warm_pid, cold_pid, default_pid])
                 results[name].append(create_reset_ms(client, data_idx))
         for client in clients.values():
             client.close()
@@ -152,7 +190,7 @@ def bench_sciworld_step(steps: int) -> dict[str, Any]:
     from scienceworld import ScienceWorldEnv
 
     data_idx = 1200
-    with envserver("--env", "sciworld", "--warm", "1", "--max-sessions", "2") as (url, _):
+    with envserver("--env", "sciworld", "--warm", "1", "--max-sessions", "2") as (url, pid):
         client = httpx.Client(base_url=url, timeout=300)
         table = client.get("/tasks").json()
         task = next(
@@ -161,8 +199,11 @@ def bench_sciworld_step(steps: int) -> dict[str, Any]:
         session = client.post("/create").json()["id"]
         client.post("/reset", json={"id": session, "data_idx": data_idx}).raise_for_status()
         env = ScienceWorldEnv()
+        warm_up_like_the_server(env)  # as warm as the server's env: the two differ by HTTP only
         env.load(task["name"], data_idx - task["first_idx"])
         env.step("look around")
+        wait_warm(client, 1)
+        settle([pid, os.getpid()])  # the pool's refill and both JVMs' JIT compiles are done
         http_ms: list[float] = []
         local_ms: list[float] = []
         for count in range(steps):
@@ -293,20 +334,52 @@ def bench_frozen_lake(sessions: int, duration_s: float) -> dict[str, Any]:
     }
 
 
+def warm_up_like_the_server(env: Any) -> int:
+    """The warm-pool warm-up on an in-process env (every task once, a reset and a step each)."""
+    from gymkube_envserver.envs.sciworld import WARM_UP_TASK_STRIDE
+    from gymkube_envserver.settings import ServerSettings
+
+    names = list(env.get_task_names())
+    loads: int = ServerSettings.model_fields["warm_up_resets"].default
+    for load in range(loads):
+        env.load(names[load * WARM_UP_TASK_STRIDE % len(names)], load // len(names))
+        env.get_task_description()
+        env.step("look around")
+    return loads
+
+
 def probe_jvm() -> dict[str, float]:
-    """One JVM under this process's JAVA_TOOL_OPTIONS: start, resets, steps, RSS."""
+    """One JVM under this process's JAVA_TOOL_OPTIONS, through the life a warm-pool JVM has.
+
+    Start, first reset, the server's default warm-up (a reset and a step per load, through every
+    task), then a reset and an episode's steps after it; CPU seconds of the JVM and its RSS.
+    """
     from scienceworld import ScienceWorldEnv
 
-    began = time.perf_counter()
-    env = ScienceWorldEnv()
-    start_ms = (time.perf_counter() - began) * 1000
-    resets = []
-    for task, variation in [("boil", 0), ("chemistry-mix", 3), ("find-animal", 5), ("melt", 7)]:
+    def jvm_cpu_s() -> float:
+        return cpu_seconds(env._gateway.java_process.pid)
+
+    def reset_ms(task: str, variation: int) -> float:
         began = time.perf_counter()
         env.load(task, variation)
         env.get_task_description()
         env.step("look around")
-        resets.append((time.perf_counter() - began) * 1000)
+        return (time.perf_counter() - began) * 1000
+
+    began = time.perf_counter()
+    env = ScienceWorldEnv()
+    start_ms = (time.perf_counter() - began) * 1000
+    start_cpu_s = jvm_cpu_s()
+    first_reset_ms = reset_ms("boil", 0)
+    began, cpu_before = time.perf_counter(), jvm_cpu_s()
+    loads = warm_up_like_the_server(env)
+    warm_up_ms = (time.perf_counter() - began) * 1000
+    warm_up_cpu_s = jvm_cpu_s() - cpu_before
+    time.sleep(1.0)  # let JIT compiles queued by the warm-up finish, as in an idle pool
+    resets = [
+        reset_ms(task, variation)
+        for task, variation in [("chemistry-mix", 3), ("find-animal", 5), ("melt", 7)]
+    ]
     steps = []
     for action in STEP_ACTIONS * 5:
         began = time.perf_counter()
@@ -317,9 +390,12 @@ def probe_jvm() -> dict[str, float]:
     env.close()
     return {
         "start_ms": start_ms,
-        "first_reset_ms": resets[0],
-        "later_reset_ms": statistics.median(resets[1:]),
-        "step_ms": statistics.median(steps),
+        "start_cpu_s": start_cpu_s,
+        "first_reset_ms": first_reset_ms,
+        f"warm_up_{loads}_ms": warm_up_ms,
+        f"warm_up_{loads}_cpu_s": warm_up_cpu_s,
+        "reset_after_warm_up_ms": statistics.median(resets),
+        "step_after_warm_up_ms": statistics.median(steps),
         "jvm_rss_mb": rss_kb / 1024,
     }
 
@@ -359,7 +435,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
     parser.add_argument("--jvm-flags", action="store_true", help="also compare JVM flag sets")
-    parser.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these sections")
+    parser.add_argument(
+        "--only", nargs="+", choices=(*SECTIONS, "jvm_flags"), help="run only these sections"
+    )
     parser.add_argument("--probe-jvm", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.probe_jvm:
@@ -372,14 +450,14 @@ def main() -> None:
             "note": "shared box: other builds and tests may run at the same time",
         }
     }
-    wanted = set(args.only or SECTIONS)
+    wanted = set(args.only or SECTIONS) | ({"jvm_flags"} if args.jvm_flags else set())
     if "create_reset" in wanted:
         report["create_reset"] = bench_create_reset(4 if args.quick else 10)
     if "sciworld_step" in wanted:
         report["sciworld_step"] = bench_sciworld_step(12 if args.quick else 60)
     if "frozen_lake" in wanted:
         report["frozen_lake"] = bench_frozen_lake(64, 3.0 if args.quick else 10.0)
-    if args.jvm_flags:
+    if "jvm_flags" in wanted:
         report["jvm_flags"] = bench_jvm_flags(1 if args.quick else 3)
     report["box"]["load_average_at_end"] = load_average()
     print(json.dumps(report, indent=2))

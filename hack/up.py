@@ -73,7 +73,7 @@ SMALL_NODE_OVERRIDES: dict[tuple[str, str], dict[str, Any]] = {
     ("EnvPool", "sciworld"): {
         "sessionsPerReplica": 4,
         "warmSessionsPerReplica": 1,
-        "resources": {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+        "resources": {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"memory": "3Gi"}},
         "router": {"resources": {"requests": {"cpu": "20m", "memory": "64Mi"}}},
     },
     ("EnvPool", "frozen-lake"): {

@@ -38,14 +38,21 @@ def settings(**overrides: Any) -> ServerSettings:
 
 
 @asynccontextmanager
-async def asgi_client(**overrides: Any) -> AsyncIterator[httpx.AsyncClient]:
-    """An in-process server (lifespan run, warm pool filled) and a client for it."""
+async def asgi_server(**overrides: Any) -> AsyncIterator[tuple[httpx.AsyncClient, FastAPI]]:
+    """An in-process server (lifespan run, warm pool filled), a client for it, and its app."""
     app = create_app(settings(**overrides))
     async with app.router.lifespan_context(app):
         await wait_ready(app)
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://envserver") as client:
-            yield client
+            yield client, app
+
+
+@asynccontextmanager
+async def asgi_client(**overrides: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """An in-process server (lifespan run, warm pool filled) and a client for it."""
+    async with asgi_server(**overrides) as (client, _):
+        yield client
 
 
 async def wait_ready(app: FastAPI, timeout_s: float = 120.0) -> None:

@@ -11,12 +11,14 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import requests
-from envserver_fixtures import live_server, wait_until_ready
+from envserver_fixtures import asgi_server, live_server, wait_until_ready
 from fastapi import FastAPI
+from gymkube_envserver.envs.base import EnvInstance
 
 pytestmark = pytest.mark.unit
 
@@ -199,3 +201,45 @@ async def test_calls_run_off_the_event_loop_and_idle_sessions_free_their_jvm(
         status = (await client.get("/status")).json()
         assert status["active"] == 0
         assert status["served"] >= 4
+
+
+async def test_the_canary_runs_on_a_warm_jvm_and_leaves_it_in_the_pool() -> None:
+    """A canary episode costs no JVM start (nor its warm-up): the warm env goes back."""
+    async with asgi_server(env="sciworld", warm=1, warm_up_resets=1, canary_interval=0.2) as (
+        client,
+        app,
+    ):
+        backend = app.state.manager.backend
+        started = 0
+        start = backend.start
+
+        async def counted_start(env_config: dict[str, Any]) -> EnvInstance:
+            nonlocal started
+            started += 1
+            return await start(env_config)
+
+        backend.start = counted_start
+        canaries_seen: set[float] = set()
+        for _ in range(600):
+            status = (await client.get("/status")).json()
+            if status["canary"]["at"] is not None:
+                assert status["canary"]["ok"] is True, status["canary"]
+                canaries_seen.add(status["canary"]["at"])
+            if len(canaries_seen) >= 3:
+                break
+            await asyncio.sleep(0.1)
+        assert len(canaries_seen) >= 3
+        assert started == 0, "the canary made the server start JVMs"
+        assert status["warm"] == 1
+
+
+def test_the_warm_up_loads_every_task_before_repeating_one(
+    sciworld: tuple[str, FastAPI], tasks: dict
+) -> None:
+    """JIT warm-up covers each task's own world-building code, not variations of a few."""
+    backend = sciworld[1].state.manager.backend
+    picks = backend.warm_up_entries()
+    assert len(picks) == backend.warm_up_resets == 24
+    names = [name for name, _ in picks]
+    assert sorted(names[:23]) == sorted(tasks["task_names"])
+    assert picks[23] == (picks[0][0], 1)

@@ -1,4 +1,4 @@
-"""The canary: a periodic short episode (create, reset, step, close) on a spare env."""
+"""The canary: a periodic short episode (reset and one step) on a spare env."""
 
 from __future__ import annotations
 
@@ -51,13 +51,9 @@ class Canary:
         return self.status
 
     async def _episode(self) -> None:
-        backend = self.manager.backend
-        instance = await self.manager.take_spare()
-        try:
+        async with self.manager.borrowed_spare() as instance:
             await instance.reset(ResetParams(data_idx=0, seed=None, env_config={}))
-            await instance.step(backend.canary_action)
-        finally:
-            await instance.close()
+            await instance.step(self.manager.backend.canary_action)
 
     async def _loop(self) -> None:
         await self.manager.warmed_event.wait()

@@ -8,7 +8,7 @@ import logging
 import secrets
 import time
 from collections import OrderedDict, deque
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -294,16 +294,24 @@ class SessionManager:
             log.exception("starting an env failed")
             raise ApiError(ErrorCode.ENV_FAILURE, describe_failure(exc)) from None
 
-    async def take_spare(self) -> EnvInstance:
-        """A started env outside any session (for the canary)."""
-        if self.warm:
-            instance = self.warm.popleft()
-            self._refill.set()
-            return instance
-        return await self.backend.start({})
+    @contextlib.asynccontextmanager
+    async def borrowed_spare(self) -> AsyncIterator[EnvInstance]:
+        """A started env outside any session, for the canary.
 
-    def discard(self, instance: EnvInstance) -> None:
-        self._spawn_close(instance)
+        A warm env used without error goes back to the warm pool (a canary then costs no env
+        start, which for ScienceWorld is a JVM and its warm-up); any other is closed.
+        """
+        from_pool = bool(self.warm)
+        instance = self.warm.popleft() if from_pool else await self.backend.start({})
+        try:
+            yield instance
+        except BaseException:
+            self._spawn_close(instance)
+            raise
+        if from_pool and not self.draining and len(self.warm) < self.settings.warm:
+            self.warm.append(instance)
+        else:
+            self._spawn_close(instance)
 
     async def _prepare_and_fill(self) -> None:
         while not self.prepared:

@@ -202,7 +202,7 @@ class TasksResponse(BaseModel):
 
 
 class CanaryStatus(BaseModel):
-    """The last canary episode (create, reset, step, close on a spare env)."""
+    """The last canary episode (reset and one step on a spare env)."""
 
     ok: bool | None = Field(default=None, description="None until the first canary has run.")
     latency_ms: float | None = None

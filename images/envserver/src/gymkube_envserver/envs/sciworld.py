@@ -49,8 +49,8 @@ SPLITS = ("train", "dev", "test")
 INFO_KEYS = ("moves", "score", "reward", "variationIdx", "taskName", "simplificationStr")
 """ScienceWorld step info passed on; look/inventory/valid-action lists stay out (large)."""
 JVM_EXIT_WAIT_S = 5.0
-WARM_UP_STRIDE = 1_543
-"""Spacing of the data_idx values a warm-up loads, so they hit many different tasks."""
+WARM_UP_TASK_STRIDE = 7
+"""Step through the task list in the warm-up (coprime with its length: every task comes up)."""
 
 
 class SciWorldConfig(BaseModel):
@@ -191,10 +191,9 @@ class SciWorldInstance(EnvInstance):
 
     async def warm_up(self) -> None:
         # A fresh JVM loads its first tasks several times slower than later ones (class loading,
-        # JIT); paying that here keeps it off the first /reset.
-        entries = self._backend.entries
-        for count in range(self._backend.warm_up_resets):
-            task_name, variation = entries[count * WARM_UP_STRIDE % len(entries)]
+        # JIT); paying that here keeps it off the first /reset. Each task has its own world-building
+        # code, so the warm-up goes through different tasks rather than variations of a few.
+        for task_name, variation in self._backend.warm_up_entries():
             await self._run(self._load, task_name, variation, SciWorldConfig())
             await self._run(self._env.step, "look around")
 
@@ -285,6 +284,18 @@ class SciWorldBackend(EnvBackend):
             splits=splits,
         )
         log.info("ScienceWorld: %d data_idx entries over %d tasks", len(self.entries), len(infos))
+
+    def warm_up_entries(self) -> list[tuple[str, int]]:
+        """(task, variation) pairs a warm-up loads: every task once, then next variations."""
+        table = self._table
+        if table is None:
+            raise RuntimeError("ScienceWorld task table not loaded yet")
+        count = len(table.task_names)
+        picks = []
+        for load in range(self.warm_up_resets):
+            task = load * WARM_UP_TASK_STRIDE % count
+            picks.append((table.task_names[task], load // count % table.variations[task]))
+        return picks
 
     def tasks(self) -> TasksResponse:
         if self._tasks is None:
