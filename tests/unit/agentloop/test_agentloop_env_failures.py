@@ -7,6 +7,7 @@ import json
 import re
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -60,9 +61,12 @@ async def test_a_server_killed_mid_episode_ends_the_trajectory_within_two_second
     assert ended_after < 2.0
     assert output.reward_score == 0.0
     assert output.extra_fields["env_ending"] == "env_lost"
-    assert "unreachable" in output.extra_fields["env_detail"]
+    # Whether the kept-alive connection was seen closed before the step was sent is a race.
+    reason, _, where = output.extra_fields["env_detail"].partition(": ")
+    assert reason in {"unreachable", "disconnected"}
+    assert "/step" in where
     # The step, then one quick attempt at closing the session.
-    assert output.extra_fields["env_errors"] == {"unreachable": 2}
+    assert output.extra_fields["env_errors"] == Counter({reason: 1}) + Counter({"unreachable": 1})
     # What the model said before the env died is kept but trains nothing.
     assert len(output.response_ids) > 0
     assert set(output.response_mask) == {0}
