@@ -185,40 +185,53 @@ def bench_create_reset(samples: int) -> dict[str, Any]:
     }
 
 
-def bench_sciworld_step(steps: int) -> dict[str, Any]:
+def bench_sciworld_step(steps: int, pairs: int) -> dict[str, Any]:
+    """HTTP vs in-process steps on ``pairs`` pairs of equally warmed JVMs.
+
+    Two JVMs with the same history still JIT-compile differently (a few ms per step either
+    way), so the samples come from several pairs, each a new server session and a new
+    in-process env, both warmed up and stepped through the actions once before measuring.
+    """
     os.environ["JAVA_TOOL_OPTIONS"] = DEFAULT_JVM_OPTIONS  # same JVM flags as the server's
     from scienceworld import ScienceWorldEnv
 
     data_idx = 1200
+    http_ms: list[float] = []
+    local_ms: list[float] = []
     with envserver("--env", "sciworld", "--warm", "1", "--max-sessions", "2") as (url, pid):
         client = httpx.Client(base_url=url, timeout=300)
         table = client.get("/tasks").json()
         task = next(
             t for t in table["tasks"] if t["first_idx"] <= data_idx < t["first_idx"] + t["count"]
         )
-        session = client.post("/create").json()["id"]
-        client.post("/reset", json={"id": session, "data_idx": data_idx}).raise_for_status()
-        env = ScienceWorldEnv()
-        warm_up_like_the_server(env)  # as warm as the server's env: the two differ by HTTP only
-        env.load(task["name"], data_idx - task["first_idx"])
-        env.step("look around")
-        wait_warm(client, 1)
-        settle([pid, os.getpid()])  # the pool's refill and both JVMs' JIT compiles are done
-        http_ms: list[float] = []
-        local_ms: list[float] = []
-        for count in range(steps):
-            action = STEP_ACTIONS[count % len(STEP_ACTIONS)]
-            began = time.perf_counter()
-            env.step(action)
-            local_ms.append((time.perf_counter() - began) * 1000)
-            began = time.perf_counter()
-            client.post("/step", json={"id": session, "action": action}).raise_for_status()
-            http_ms.append((time.perf_counter() - began) * 1000)
-        env.close()
+        for _ in range(pairs):
+            wait_warm(client, 1)
+            session = client.post("/create").json()["id"]
+            client.post("/reset", json={"id": session, "data_idx": data_idx}).raise_for_status()
+            env = ScienceWorldEnv()
+            warm_up_like_the_server(env)  # as warm as the server's env: they differ by HTTP only
+            env.load(task["name"], data_idx - task["first_idx"])
+            env.step("look around")
+            for action in STEP_ACTIONS:
+                env.step(action)
+                client.post("/step", json={"id": session, "action": action}).raise_for_status()
+            wait_warm(client, 1)
+            settle([pid, os.getpid()])  # the pool's refill and both JVMs' JIT compiles are done
+            for count in range(steps // pairs):
+                action = STEP_ACTIONS[count % len(STEP_ACTIONS)]
+                began = time.perf_counter()
+                env.step(action)
+                local_ms.append((time.perf_counter() - began) * 1000)
+                began = time.perf_counter()
+                client.post("/step", json={"id": session, "action": action}).raise_for_status()
+                http_ms.append((time.perf_counter() - began) * 1000)
+            client.post("/close", json={"id": session})
+            env.close()
         client.close()
     http, local = p50(http_ms), p50(local_ms)
     return {
-        "steps": steps,
+        "steps": len(http_ms),
+        "jvm_pairs": pairs,
         "http_p50_ms": http,
         "in_process_p50_ms": local,
         "ratio_p50": round(http / local, 3),
@@ -454,7 +467,7 @@ def main() -> None:
     if "create_reset" in wanted:
         report["create_reset"] = bench_create_reset(4 if args.quick else 10)
     if "sciworld_step" in wanted:
-        report["sciworld_step"] = bench_sciworld_step(12 if args.quick else 60)
+        report["sciworld_step"] = bench_sciworld_step(*((12, 1) if args.quick else (90, 3)))
     if "frozen_lake" in wanted:
         report["frozen_lake"] = bench_frozen_lake(64, 3.0 if args.quick else 10.0)
     if "jvm_flags" in wanted:
