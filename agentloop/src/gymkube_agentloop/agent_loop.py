@@ -37,13 +37,19 @@ from gymkube_agentloop.client import EnvCallError, EnvClient, fetch_tasks
 from gymkube_agentloop.episode import Ending, EnvEpisode, Turn
 from gymkube_agentloop.protocol import TasksReply
 from gymkube_agentloop.settings import AgentLoopSettings, RewardMode
-from gymkube_agentloop.templates import PromptTemplate, resolve_templates, template_for_env
+from gymkube_agentloop.templates import (
+    ObservationKeep,
+    PromptTemplate,
+    resolve_templates,
+    template_for_env,
+)
 
 logger = logging.getLogger(__name__)
 
 AGENT_NAME = "gymkube_env"
 DEFAULT_MAX_TURNS = 20
 TRUNCATION_MARK = " ...[truncated]"
+TRUNCATION_MARK_START = "[truncated]... "
 # Environment variables the settings read.
 ENV_PREFIXES = ("GYMKUBE_", "SCIWORLD_ENV_BASE")
 
@@ -317,7 +323,7 @@ class GymkubeEnvAgentLoop(AgentLoopBase):
             if rollout.replies >= self.max_turns:
                 return Ending.MAX_TURNS
             previous = list(rollout.messages)
-            observation = self._fit_observation(turn.observation)
+            observation = self._fit_observation(turn.observation, episode.template.observation_keep)
             rollout.messages.append({"role": "user", "content": observation})
             merged, rollout.response_mask, logprobs = await self.ct_merge_context_msg(
                 previous,
@@ -337,7 +343,7 @@ class GymkubeEnvAgentLoop(AgentLoopBase):
             if isinstance(value, int):
                 rollout.global_steps.append(value)
 
-    def _fit_observation(self, text: str) -> str:
+    def _fit_observation(self, text: str, keep: ObservationKeep) -> str:
         """Cut an observation to the token budget: one verbose turn must not eat the response."""
         budget = self.max_observation_tokens
         # No tokenizer makes more tokens than UTF-8 bytes (plus a leading-space marker), so
@@ -347,8 +353,11 @@ class GymkubeEnvAgentLoop(AgentLoopBase):
         ids = self._tokenizer.encode(text, add_special_tokens=False)
         if len(ids) <= budget:
             return text
-        kept: str = self._tokenizer.decode(ids[:budget], skip_special_tokens=True)
-        return kept + TRUNCATION_MARK
+        if keep is ObservationKeep.END:
+            tail: str = self._tokenizer.decode(ids[-budget:], skip_special_tokens=True)
+            return TRUNCATION_MARK_START + tail
+        head: str = self._tokenizer.decode(ids[:budget], skip_special_tokens=True)
+        return head + TRUNCATION_MARK
 
     def _parse_row(self, fields: dict[str, Any], tasks: TasksReply) -> _Row:
         extra_info = _plain(fields.get("extra_info")) or {}

@@ -6,6 +6,8 @@ import random
 from collections import deque
 from typing import Protocol
 
+from gymkube_agentloop.templates import BRACKETED
+
 FROZEN_LAKE_MOVES: dict[str, tuple[int, int]] = {
     "up": (-1, 0),
     "down": (1, 0),
@@ -70,21 +72,62 @@ class RandomChoice:
         return self._rng.choice(self._actions)
 
 
+def example_moves(rules: str) -> tuple[str, ...]:
+    """The moves a TextArena game's rules show, in order: `[5 3 7]`, `[up]`, `[A C]`.
+
+    Placeholders such as `[row column number]` become `[1 1 1]`, so a game that only describes
+    its format (Lights Out) still gets a well-formed move. `[GAME]` is the game's speaker tag.
+    """
+    moves: list[str] = []
+    for bracketed in BRACKETED.findall(rules):
+        words = bracketed[1:-1].replace(",", " ").split()
+        if bracketed == "[GAME]" or not words:
+            continue
+        if len(words) > 1:
+            words = ["1" if word.isalpha() and len(word) > 1 else word for word in words]
+        move = f"[{' '.join(words)}]"
+        if move not in moves:
+            moves.append(move)
+    return tuple(moves)
+
+
+class GameRuleMoves:
+    """Plays the example moves of a TextArena game's rules (read from the first observation):
+    in turn (scripted) or at random. Well-formed moves, not good ones: enough to drive episodes
+    through the pool."""
+
+    def __init__(self, rng: random.Random | None) -> None:
+        self._rng = rng
+        self._moves: tuple[str, ...] = ()
+        self._next = 0
+
+    def act(self, observation: str) -> str:
+        if not self._moves:
+            self._moves = example_moves(observation) or ("[1]",)
+        if self._rng is not None:
+            return self._rng.choice(self._moves)
+        move = self._moves[self._next % len(self._moves)]
+        self._next += 1
+        return move
+
+
 RANDOM_ACTIONS: dict[str, tuple[str, ...]] = {
     "frozen_lake": tuple(FROZEN_LAKE_MOVES),
     "sciworld": SCIWORLD_SAFE_ACTIONS,
 }
-SCRIPTED_ENVS = ("frozen_lake", "sciworld")
+POLICY_ENVS = ("frozen_lake", "sciworld", "textarena")
 
 
 def make_policy(env: str, kind: str, rng: random.Random) -> Policy:
     """A fresh policy for one episode of `env`; ValueError when there is none for it."""
     env_kind = env.split(":", 1)[0]
+    if env_kind == "textarena":
+        return GameRuleMoves(rng if kind == "random" else None)
     if kind == "scripted" and env_kind == "frozen_lake":
         return FrozenLakeShortestPath()
     if kind == "scripted" and env_kind == "sciworld":
         return Cycle(SCIWORLD_SAFE_ACTIONS)
     if kind == "random" and env_kind in RANDOM_ACTIONS:
         return RandomChoice(RANDOM_ACTIONS[env_kind], rng)
-    known = ", ".join(sorted(RANDOM_ACTIONS))
+    known = ", ".join(POLICY_ENVS)
     raise ValueError(f"no {kind} policy for env {env!r} (policies exist for: {known})")

@@ -16,12 +16,26 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+BRACKETED = re.compile(r"\[[^\[\]\n]+\]")
+"""A one-line move in square brackets, as TextArena games take them: `[5 3 7]`, `[up]`."""
+
 
 class ActionFormat(StrEnum):
     REACT = "react"
     """`Thought: ... Action: <action>`: the action is the first line after the last `Action:`."""
     TAG = "tag"
     """`<action>...</action>`: the last such tag is sent, tag included."""
+    BRACKET = "bracket"
+    """`... [move]`: the last bracketed move is sent, brackets included (TextArena's own format)."""
+
+
+class ObservationKeep(StrEnum):
+    """Which part of an observation over the token budget stays in the conversation."""
+
+    START = "start"
+    """Its beginning (most envs put what matters first)."""
+    END = "end"
+    """Its end: for envs that repeat their whole history and add the news last (TextArena)."""
 
 
 class PromptTemplate(BaseModel):
@@ -36,6 +50,10 @@ class PromptTemplate(BaseModel):
     )
     observation: str = Field(
         default="{observation}", description="Each later user turn, formatted with the observation."
+    )
+    observation_keep: ObservationKeep = Field(
+        default=ObservationKeep.START,
+        description="Which part of an observation over the token budget is kept.",
     )
     action_format: ActionFormat
     action_tag: str = "action"
@@ -72,6 +90,10 @@ class PromptTemplate(BaseModel):
             found = re.findall(rf"<{tag}>(.*?)</{tag}>", reply, re.IGNORECASE | re.DOTALL)
             if found:
                 return f"<{self.action_tag}>{found[-1].strip()}</{self.action_tag}>"
+        elif self.action_format is ActionFormat.BRACKET:
+            moves = BRACKETED.findall(reply)
+            if moves:
+                return str(moves[-1])
         else:
             _, marker, tail = reply.rpartition("Action:")
             for line in (tail if marker else reply).splitlines():
@@ -108,6 +130,14 @@ moving off the edge leaves you where you are.
 Each round, think briefly, then answer with exactly one move inside action tags: \
 <action>up</action>, <action>down</action>, <action>left</action> or <action>right</action>."""
 
+TEXTARENA_INSTRUCTIONS = """\
+You are playing a single-player text game. The game speaks first: its rules and how to write a \
+move, then the state after each of your moves.
+
+Each round, think briefly, then end your reply with exactly one move in square brackets, \
+written the way the game's rules show (for example [5 3 7] in Sudoku or [up] in a sliding \
+puzzle). Only the last bracketed move in your reply is played."""
+
 BUILTIN_TEMPLATES: dict[str, PromptTemplate] = {
     "sciworld": PromptTemplate(
         system="You are a helpful assistant.",
@@ -125,6 +155,16 @@ BUILTIN_TEMPLATES: dict[str, PromptTemplate] = {
         task="{task_description}\n{observation}",
         action_format=ActionFormat.TAG,
         example_reply="<action>{action}</action>",
+    ),
+    "textarena": PromptTemplate(
+        system="You are a helpful assistant.",
+        instructions=TEXTARENA_INSTRUCTIONS,
+        acknowledgement="Understood. I will end each reply with one move in square brackets.",
+        task="{task_description}\n{observation}",
+        # The default game ids answer with the whole game so far: the newest text is last.
+        observation_keep=ObservationKeep.END,
+        action_format=ActionFormat.BRACKET,
+        example_reply="My move:\n{action}",
     ),
 }
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import hydra
-from gymkube_agentloop.templates import BUILTIN_TEMPLATES
+from gymkube_agentloop.templates import BUILTIN_TEMPLATES, template_for_env
 from omegaconf import OmegaConf
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
@@ -236,7 +236,7 @@ SAMPLING = {
 async def run_row(
     loop: Any, item_id: str, raw_prompt: list[dict[str, str]] | None = None, **extra: Any
 ) -> AgentLoopOutput:
-    template = BUILTIN_TEMPLATES[item_id.rpartition("_")[0]]
+    template = BUILTIN_TEMPLATES[template_for_env(item_id.rpartition("_")[0])]
     row = {"item_id": item_id, "raw_prompt": raw_prompt or template.opening(), **extra}
     output: AgentLoopOutput = await asyncio.wait_for(loop.run(dict(SAMPLING), **row), 120)
     return output
