@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
-from typing import NoReturn
+from pathlib import Path
+from typing import Any, NoReturn
+
+from pydantic import ValidationError
 
 from gymkube_agentloop.client import EnvCallError, EnvClient, EnvClientSettings
 from gymkube_agentloop.protocol import TasksReply
+from gymkube_agentloop.templates import PromptTemplate, resolve_templates, template_for_env
 
 EXIT_ENV_FAILURE = 1
 EXIT_BAD_INPUT = 2
@@ -54,3 +59,41 @@ async def pool_tasks(prog: str, url: str, env: str, settings: EnvClientSettings)
     if tasks.env != env:
         fail(prog, f"{url} serves env {tasks.env!r}, not {env!r}", EXIT_BAD_INPUT)
     return tasks
+
+
+def add_template_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--template", help="prompt template (default: the env's own)")
+    parser.add_argument(
+        "--templates",
+        type=Path,
+        help="JSON file of extra prompt templates, name -> fields (as the agent-loop YAML's "
+        "templates key)",
+    )
+
+
+def chosen_template(prog: str, args: argparse.Namespace) -> tuple[str, PromptTemplate]:
+    """(name, template) for --template (else the env's own), with --templates added."""
+    extra: dict[str, Any] = {}
+    if args.templates is not None:
+        try:
+            loaded = json.loads(args.templates.read_text())
+        except OSError as exc:
+            fail(prog, f"cannot read {args.templates}: {exc.strerror or exc}", EXIT_BAD_INPUT)
+        except ValueError as exc:
+            fail(prog, f"{args.templates} is not JSON: {exc}", EXIT_BAD_INPUT)
+        if not isinstance(loaded, dict):
+            fail(prog, f"{args.templates} must hold an object: name -> fields", EXIT_BAD_INPUT)
+        extra = loaded
+    try:
+        templates = resolve_templates(extra)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        fail(prog, f"{args.templates}: invalid template ({problems})", EXIT_BAD_INPUT)
+    name = args.template or template_for_env(args.env)
+    template = templates.get(name)
+    if template is None:
+        known = ", ".join(sorted(templates))
+        fail(prog, f"unknown prompt template {name!r} (known: {known})", EXIT_BAD_INPUT)
+    return name, template

@@ -20,13 +20,15 @@ import pyarrow.parquet as pq
 from gymkube_agentloop.cli import (
     EXIT_BAD_INPUT,
     add_pool_arguments,
+    add_template_arguments,
+    chosen_template,
     fail,
     pool_tasks,
     positive_int,
 )
 from gymkube_agentloop.client import EnvClientSettings, close_shared_session
 from gymkube_agentloop.protocol import TasksReply
-from gymkube_agentloop.templates import BUILTIN_TEMPLATES, PromptTemplate, template_for_env
+from gymkube_agentloop.templates import PromptTemplate
 
 PROG = "gymkube-dataset"
 AGENT_NAME = "gymkube_env"
@@ -86,7 +88,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--size", type=positive_int, required=True, help="rows to write")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     parser.add_argument("--out", type=Path, required=True, help="parquet file to write")
-    parser.add_argument("--template", help="prompt template (default: the env's own)")
+    add_template_arguments(parser)
     parser.add_argument("--agent-name", default=AGENT_NAME, help=f"default {AGENT_NAME}")
     return parser.parse_args(argv)
 
@@ -97,11 +99,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         tasks = await pool_tasks(PROG, args.env_url, args.env, settings)
     finally:
         await close_shared_session()
-    template_name = args.template or template_for_env(args.env)
-    template = BUILTIN_TEMPLATES.get(template_name)
-    if template is None:
-        known = ", ".join(sorted(BUILTIN_TEMPLATES))
-        fail(PROG, f"unknown prompt template {template_name!r} (known: {known})", EXIT_BAD_INPUT)
+    template_name, template = chosen_template(PROG, args)
     try:
         rows = build_rows(
             tasks,

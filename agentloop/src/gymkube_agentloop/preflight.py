@@ -20,6 +20,8 @@ from gymkube_agentloop.cli import (
     EXIT_BAD_INPUT,
     EXIT_ENV_FAILURE,
     add_pool_arguments,
+    add_template_arguments,
+    chosen_template,
     fail,
     pool_tasks,
     positive_int,
@@ -29,7 +31,7 @@ from gymkube_agentloop.dataset import sample_indices
 from gymkube_agentloop.episode import Ending, EnvEpisode
 from gymkube_agentloop.policies import Policy, make_policy
 from gymkube_agentloop.protocol import ScoreScale
-from gymkube_agentloop.templates import BUILTIN_TEMPLATES, PromptTemplate, template_for_env
+from gymkube_agentloop.templates import PromptTemplate
 
 PROG = "gymkube-preflight"
 LATENCY_CALLS = ("create", "reset", "step", "close")
@@ -115,16 +117,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="task sampling and random policy")
     parser.add_argument("--max-steps", type=positive_int, default=30, help="per episode (30)")
     parser.add_argument("--concurrency", type=positive_int, default=4, help="episodes at once (4)")
-    parser.add_argument("--template", help="prompt template (default: the env's own)")
+    add_template_arguments(parser)
     return parser.parse_args(argv)
 
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
-    template_name = args.template or template_for_env(args.env)
-    template = BUILTIN_TEMPLATES.get(template_name)
-    if template is None:
-        known = ", ".join(sorted(BUILTIN_TEMPLATES))
-        fail(PROG, f"unknown prompt template {template_name!r} (known: {known})", EXIT_BAD_INPUT)
+    _, template = chosen_template(PROG, args)
     rng = random.Random(args.seed)
     try:
         make_policy(args.env, args.policy, rng)

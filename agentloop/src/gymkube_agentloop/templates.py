@@ -14,7 +14,7 @@ import re
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 BRACKETED = re.compile(r"\[[^\[\]\n]+\]")
 """A one-line move in square brackets, as TextArena games take them: `[5 3 7]`, `[up]`."""
@@ -169,12 +169,13 @@ BUILTIN_TEMPLATES: dict[str, PromptTemplate] = {
 }
 
 
+_TEMPLATE_MAP = TypeAdapter(dict[str, PromptTemplate])
+
+
 def resolve_templates(extra: dict[str, Any] | None) -> dict[str, PromptTemplate]:
     """The built-in templates, with those in `extra` (name -> fields) added or replacing them."""
-    templates = dict(BUILTIN_TEMPLATES)
-    for name, fields in (extra or {}).items():
-        templates[name] = PromptTemplate.model_validate(fields)
-    return templates
+    # Validated as one mapping, so an error's location starts with the template's name.
+    return {**BUILTIN_TEMPLATES, **_TEMPLATE_MAP.validate_python(extra or {})}
 
 
 def template_for_env(env: str) -> str:

@@ -156,3 +156,56 @@ def test_a_url_that_is_no_env_pool_is_reported_without_a_traceback(tmp_path: Pat
     assert done.returncode == 1
     assert "/tasks answered an unexpected body: env: Field required" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+# A template of the user's own, as a TrainingRun's agentLoop.templates hands it to both tools.
+TERSE_LAKE = {
+    "system": "You walk on ice.",
+    "instructions": "Answer with one move in <move> tags: up, down, left or right.",
+    "acknowledgement": "Ready.",
+    "action_format": "tag",
+    "action_tag": "move",
+    "example_reply": "<move>{action}</move>",
+}
+
+
+def test_both_tools_take_extra_templates_from_a_json_file(
+    frozen_lake: EnvServer, tmp_path: Path
+) -> None:
+    templates = tmp_path / "templates.json"
+    templates.write_text(json.dumps({"terse_lake": TERSE_LAKE}))
+    out = tmp_path / "rows.parquet"
+    chosen = ("--templates", str(templates), "--template", "terse_lake")
+    done = dataset(frozen_lake.url, out, "--split", "train", "--size", "2", *chosen)
+    assert done.returncode == 0, done.stderr
+    rows = pq.read_table(out).to_pylist()
+    assert rows[0]["prompt"][0] == {"role": "system", "content": "You walk on ice."}
+    assert {row["extra_info"]["template"] for row in rows} == {"terse_lake"}
+    # The preflight's replies go through the template's own parser: <move> tags, not <action>.
+    done = preflight(frozen_lake.url, "--episodes", "2", *chosen)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["env_errors"] == {}
+
+
+def test_a_bad_templates_file_is_reported_without_a_traceback(
+    frozen_lake: EnvServer, tmp_path: Path
+) -> None:
+    broken, listed, invalid = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "c.json"
+    broken.write_text("{not json")
+    listed.write_text("[]")
+    invalid.write_text(json.dumps({"terse_lake": {**TERSE_LAKE, "action_format": "telepathy"}}))
+    cases = {
+        tmp_path / "missing.json": "cannot read",
+        broken: "is not JSON",
+        listed: "must hold an object",
+        invalid: "terse_lake.action_format",
+    }
+    for path, message in cases.items():
+        done = preflight(frozen_lake.url, "--episodes", "1", "--templates", str(path))
+        assert done.returncode == 2, done.stderr
+        assert message in done.stderr
+        assert "Traceback" not in done.stderr
+    done = preflight(frozen_lake.url, "--episodes", "1", "--template", "nope")
+    assert done.returncode == 2
+    assert "unknown prompt template 'nope' (known: frozen_lake, sciworld, textarena)" in done.stderr
