@@ -306,6 +306,11 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("not an override", {"overrides": ["--trainer.total_epochs 3"]}, "spec.overrides[0]"),
     ("unknown reward", {"agentLoop": {"reward": "max"}}, "spec.agentLoop.reward: Unsupported"),
     ("unknown split", {"dataset": {"split": "validation"}}, "spec.dataset.split: Unsupported"),
+    (
+        "template not an object",
+        {"agentLoop": {"templates": {"x": "t"}}},
+        "spec.agentLoop.templates.x",
+    ),
     ("negative TTL", {"ttlSecondsAfterFinished": -1}, "spec.ttlSecondsAfterFinished"),
 ]
 
@@ -353,11 +358,18 @@ def test_the_example_applies_as_is(kube: ControlPlane, runs: Runs) -> None:
     assert "envpool.gymkube.io/sciworld created (server dry run)" in result.stdout
 
 
-def test_the_examples_children_are_valid_kubernetes_objects(kube: ControlPlane, runs: Runs) -> None:
-    """The Job, preflight Job and ConfigMap rendered from the example pass the API server's own
-    validation (volumes, security contexts, resources), checked by a server-side dry run."""
+@pytest.mark.parametrize("own_templates", [False, True], ids=["example", "own-templates"])
+def test_the_examples_children_are_valid_kubernetes_objects(
+    kube: ControlPlane, runs: Runs, own_templates: bool
+) -> None:
+    """The Job, preflight Job and ConfigMap rendered from the example (and from it with prompt
+    templates of its own, which the preflight mounts) pass the API server's own validation
+    (volumes, security contexts, resources), checked by a server-side dry run."""
     example = Path(__file__).resolve().parents[2] / "examples" / "trainingrun-sciworld-grpo.yaml"
     (doc,) = [d for d in yaml.safe_load_all(example.read_text()) if d["kind"] == "TrainingRun"]
+    if own_templates:
+        template = {"system": "s", "instructions": "i", "acknowledgement": "a"}
+        doc["spec"]["agentLoop"]["templates"] = {"terse": template}
     target = RunTarget(
         name=doc["metadata"]["name"],
         namespace=runs.namespace,
@@ -407,8 +419,8 @@ def test_a_run_waits_for_its_pool_then_preflights_then_trains_then_fails(
     url = make_pool_ready(kube, runs)
     runs.wait_condition("life", "EnvPoolReady", "True")
     runs.wait_condition("life", "PreflightPassed", "Unknown", "PreflightRunning")
-    # Only the CPU preflight exists: no GPU is asked for before it passes.
-    assert runs.children("life") == {("Job", "life-preflight")}
+    # Only the CPU preflight (and the run's ConfigMap) exist: no GPU before it passes.
+    assert runs.children("life") == {("ConfigMap", "life-agent-loop"), ("Job", "life-preflight")}
     preflight = runs.job("life-preflight")
     container = preflight.spec.template.spec.containers[0]
     assert container.image == "reg.example/preflight:1"
@@ -472,7 +484,10 @@ def test_a_failed_preflight_fails_the_run_and_asks_for_no_gpu(
     runs.finish_pod("broken-env-preflight", 1, json.dumps(summary))
     failed = runs.wait_condition("broken-env", "Failed", "True", "PreflightFailed")
     assert '"500": 8' in failed["message"]
-    assert runs.children("broken-env") == {("Job", "broken-env-preflight")}
+    assert runs.children("broken-env") == {
+        ("ConfigMap", "broken-env-agent-loop"),
+        ("Job", "broken-env-preflight"),
+    }
 
 
 def test_suspend_and_resume(kube: ControlPlane, runs: Runs) -> None:

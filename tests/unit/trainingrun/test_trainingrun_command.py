@@ -276,3 +276,39 @@ def test_a_failing_preflight_keeps_its_exit_code(
     assert "sciworld" in result.stderr
     # Nothing in the termination log: the kubelet falls back to the log tail (the error above).
     assert termination == ""
+
+
+# A plugin env's own template, as a user writes it under spec.agentLoop.templates.
+GUESS_TEMPLATE = {
+    "system": "You guess numbers.",
+    "instructions": "Reply with one guess in <guess> tags.",
+    "acknowledgement": "Ready.",
+    "action_format": "tag",
+    "action_tag": "guess",
+    "example_reply": "<guess>{action}</guess>",
+}
+
+
+def test_the_runs_own_templates_reach_the_loop_the_dataset_and_the_preflight() -> None:
+    from gymkube_agentloop import dataset, preflight
+    from gymkube_agentloop.settings import AgentLoopSettings
+    from gymkube_agentloop.templates import resolve_templates
+
+    run = target({"agentLoop": {"promptTemplate": "guess", "templates": {"guess": GUESS_TEMPLATE}}})
+    files = command.config_files(run)
+    (entry,) = yaml.safe_load(files[command.AGENT_LOOP_FILE])
+    settings = AgentLoopSettings(
+        **{k: v for k, v in entry.items() if k not in ("name", "_target_")}
+    )
+    assert resolve_templates(settings.templates)["guess"].action_tag == "guess"
+    assert json.loads(files[command.TEMPLATES_FILE]) == {"guess": GUESS_TEMPLATE}
+    for step in command.dataset_commands(run).values():
+        parsed = dataset.parse_args(step[1:])
+        assert (parsed.template, str(parsed.templates)) == ("guess", command.TEMPLATES_PATH)
+    _sh, _flag, _script, _argv0, *args = command.preflight_command(run)
+    parsed = preflight.parse_args(args)
+    assert (parsed.template, str(parsed.templates)) == ("guess", command.TEMPLATES_PATH)
+
+    plain = target({})
+    assert command.TEMPLATES_FILE not in command.config_files(plain)
+    assert "--templates" not in command.preflight_command(plain)

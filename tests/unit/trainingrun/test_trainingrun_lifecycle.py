@@ -109,7 +109,8 @@ def test_pool_not_ready_says_why_and_creates_nothing() -> None:
 
 def test_ready_pool_starts_the_preflight_only() -> None:
     plan = step(Observed(pool=pool()))
-    assert created(plan) == [("Job", "grpo-preflight")]
+    # The run's ConfigMap comes first: a preflight with the run's own templates mounts it.
+    assert created(plan) == [("ConfigMap", "grpo-agent-loop"), ("Job", "grpo-preflight")]
     assert plan.status.phase == Phase.PREFLIGHT
     assert plan.status.env_pool_url == URL
     assert condition(plan, "EnvPoolReady") == ("True", "EnvPoolReady")

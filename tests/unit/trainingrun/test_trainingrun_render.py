@@ -96,7 +96,7 @@ def test_dataset_steps_run_before_training_and_write_the_parquet_verl_reads() ->
         assert container["image"] == "reg/trainer:1"
         assert container["imagePullPolicy"] == "Always"
         assert container["command"][0] == "gymkube-dataset"
-        assert [m["mountPath"] for m in container["volumeMounts"]] == ["/data"]
+        assert [m["mountPath"] for m in container["volumeMounts"]] == ["/data", "/etc/gymkube"]
 
 
 def test_pod_template_merges_scheduling_and_env_into_the_trainer() -> None:
@@ -185,3 +185,19 @@ def test_preflight_is_a_cpu_only_restricted_job_reporting_through_its_terminatio
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert "--episodes" in container["command"]
     assert container["command"][container["command"].index("--episodes") + 1] == "3"
+
+
+def test_a_preflight_mounts_the_runs_config_map_only_for_its_own_templates() -> None:
+    def preflight_pod(run: RunTarget) -> dict[str, Any]:
+        pod: dict[str, Any] = render.preflight_job(run)["spec"]["template"]["spec"]
+        return pod
+
+    plain = preflight_pod(target())
+    assert [v["name"] for v in plain["volumes"]] == ["tmp"]
+    templates = {"guess": {"system": "s"}}
+    own = preflight_pod(target(agentLoop={"templates": templates}))
+    volumes = by_name(own["volumes"])
+    assert volumes["agent-loop"]["configMap"] == {"name": render.config_map_name("grpo")}
+    mounts = by_name(own["containers"][0]["volumeMounts"])
+    assert mounts["agent-loop"]["mountPath"] == command.CONFIG_DIR
+    assert f"{command.CONFIG_DIR}/{command.TEMPLATES_FILE}" in own["containers"][0]["command"]

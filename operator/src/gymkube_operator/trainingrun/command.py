@@ -5,6 +5,7 @@ command against verl 0.9.1's own Hydra config).
 """
 
 import dataclasses
+import json
 import shlex
 from typing import Any
 
@@ -20,6 +21,9 @@ CONFIG_DIR = "/etc/gymkube"
 AGENT_LOOP_FILE = "agent-loop.yaml"
 SETTINGS_FILE = "run.yaml"
 AGENT_LOOP_PATH = f"{CONFIG_DIR}/{AGENT_LOOP_FILE}"
+# agentLoop.templates again, as JSON for gymkube-dataset and gymkube-preflight (--templates).
+TEMPLATES_FILE = "templates.json"
+TEMPLATES_PATH = f"{CONFIG_DIR}/{TEMPLATES_FILE}"
 CHECKPOINTS_DIR = "/checkpoints"
 
 # The gymkube agent loop as verl's AgentLoopWorker instantiates it (hydra `_target_`), and the name
@@ -125,6 +129,8 @@ def agent_loop_config(target: RunTarget) -> list[dict[str, Any]]:
     }
     if loop.prompt_template is not None:
         entry["prompt_template"] = loop.prompt_template
+    if loop.templates:
+        entry["templates"] = loop.templates
     return [entry]
 
 
@@ -140,15 +146,19 @@ def run_settings(target: RunTarget) -> dict[str, Any]:
 
 
 def config_files(target: RunTarget) -> dict[str, str]:
-    return {
+    files = {
         AGENT_LOOP_FILE: yaml.safe_dump(agent_loop_config(target), sort_keys=False),
         SETTINGS_FILE: yaml.safe_dump(run_settings(target), sort_keys=False, width=100),
     }
+    if target.spec.agent_loop.templates:
+        files[TEMPLATES_FILE] = json.dumps(target.spec.agent_loop.templates, indent=2)
+    return files
 
 
 def _template_args(target: RunTarget) -> list[str]:
-    template = target.spec.agent_loop.prompt_template
-    return ["--template", template] if template else []
+    loop = target.spec.agent_loop
+    args = ["--template", loop.prompt_template] if loop.prompt_template else []
+    return args + (["--templates", TEMPLATES_PATH] if loop.templates else [])
 
 
 def dataset_command(target: RunTarget, *, split: str, size: int, out: str) -> list[str]:

@@ -403,7 +403,8 @@ def plan(
                 f"playing {spec.preflight.episodes} {spec.preflight.policy} episodes "
                 f"through {target.pool_url} (Job {name})",
             )
-            return done(outcome, [job])
+            # The ConfigMap first: a preflight with the run's own templates reads them from it.
+            return done(outcome, [render.config_map(target), job])
         passed, why, detail, result = _preflight_outcome(
             observed.preflight_job, observed.preflight_message
         )

@@ -83,6 +83,11 @@ class AgentLoopSpec(CamelModel):
         min_length=1,
         description="Prompt template name (e.g. sciworld, frozen_lake); the env's own when unset.",
     )
+    templates: dict[str, FreeForm] | None = Field(
+        None,
+        description="Extra prompt templates, name -> fields (see the agent loop's docs), for envs "
+        "without a built-in one (plugin envs); the agent loop, dataset and preflight all get them.",
+    )
     max_turns: int = Field(20, ge=1, le=1000, description="Assistant turns per episode.")
     max_observation_tokens: int = Field(
         2048, ge=16, le=1_000_000, description="Tokens of one env observation kept in context."

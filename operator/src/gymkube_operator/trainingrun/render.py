@@ -62,6 +62,11 @@ def training_api_version(nodes: int) -> tuple[str, str]:
     return (JOB_API, "Job") if nodes == 1 else (RAYJOB_API, "RayJob")
 
 
+# The run's ConfigMap (agent-loop YAML, templates) as every pod that reads it mounts it.
+CONFIG_VOLUME: Object = {"name": "agent-loop"}
+CONFIG_MOUNT: Object = {"name": "agent-loop", "mountPath": command.CONFIG_DIR, "readOnly": True}
+
+
 def config_map(target: RunTarget) -> Object:
     return {
         "apiVersion": "v1",
@@ -75,6 +80,12 @@ def preflight_job(target: RunTarget) -> Object:
     """A CPU-only Job playing scripted episodes through the pool URL; never queued or retried."""
     preflight = target.spec.preflight
     job_labels = labels(target, PREFLIGHT)
+    volumes: list[Object] = [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]
+    mounts: list[Object] = [{"name": "tmp", "mountPath": "/tmp"}]
+    if target.spec.agent_loop.templates:
+        # The run's own prompt templates (--templates) come from its ConfigMap.
+        volumes.append(CONFIG_VOLUME | {"configMap": {"name": config_map_name(target.name)}})
+        mounts.append(CONFIG_MOUNT)
     container = {
         "name": PREFLIGHT,
         "image": target.preflight_image,
@@ -85,7 +96,7 @@ def preflight_job(target: RunTarget) -> Object:
         "securityContext": RESTRICTED_CONTAINER,
         # Should the summary never be written (a crash), the log tail explains instead.
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": mounts,
     }
     return {
         "apiVersion": JOB_API,
@@ -101,7 +112,7 @@ def preflight_job(target: RunTarget) -> Object:
                     "automountServiceAccountToken": False,
                     "securityContext": RESTRICTED_POD,
                     "containers": [container],
-                    "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
+                    "volumes": volumes,
                 },
             },
         },
@@ -114,13 +125,13 @@ def _volumes(target: RunTarget) -> tuple[list[Object], list[Object]]:
     volumes: list[Object] = [
         {"name": "data", "emptyDir": {}},
         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}},
-        {"name": "agent-loop", "configMap": {"name": config_map_name(target.name)}},
+        CONFIG_VOLUME | {"configMap": {"name": config_map_name(target.name)}},
         {"name": "checkpoints", **(spec.checkpoints or {"emptyDir": {}})},
     ]
     mounts: list[Object] = [
         {"name": "data", "mountPath": command.DATA_DIR},
         {"name": "shm", "mountPath": "/dev/shm"},
-        {"name": "agent-loop", "mountPath": command.CONFIG_DIR, "readOnly": True},
+        CONFIG_MOUNT,
         {"name": "checkpoints", "mountPath": command.CHECKPOINTS_DIR},
     ]
     if spec.model.volume is not None:
@@ -139,7 +150,8 @@ def dataset_containers(target: RunTarget, mounts: list[Object]) -> list[Object]:
     On a RayJob every node runs them: the same seed gives the same rows, so no shared volume is
     needed for the dataset whichever node verl reads it on.
     """
-    data_mount = [m for m in mounts if m["name"] == "data"]
+    # The data volume to write, and the ConfigMap for the run's own prompt templates.
+    data_mount = [m for m in mounts if m["name"] in ("data", CONFIG_VOLUME["name"])]
     return [
         {
             "name": name,
