@@ -349,13 +349,12 @@ def bench_frozen_lake(sessions: int, duration_s: float) -> dict[str, Any]:
 
 def warm_up_like_the_server(env: Any) -> int:
     """The warm-pool warm-up on an in-process env (every task once, a reset and a step each)."""
-    from gymkube_envserver.envs.sciworld import WARM_UP_TASK_STRIDE
     from gymkube_envserver.settings import ServerSettings
 
     names = list(env.get_task_names())
     loads: int = ServerSettings.model_fields["warm_up_resets"].default
     for load in range(loads):
-        env.load(names[load * WARM_UP_TASK_STRIDE % len(names)], load // len(names))
+        env.load(names[load % len(names)], load // len(names))
         env.get_task_description()
         env.step("look around")
     return loads

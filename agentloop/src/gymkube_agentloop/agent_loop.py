@@ -48,6 +48,8 @@ logger = logging.getLogger(__name__)
 
 AGENT_NAME = "gymkube_env"
 DEFAULT_MAX_TURNS = 20
+# Context merges of messages up to this many characters run inline, longer ones in a thread.
+INLINE_MERGE_CHARS = 2000
 TRUNCATION_MARK = " ...[truncated]"
 TRUNCATION_MARK_START = "[truncated]... "
 # Environment variables the settings read.
@@ -61,6 +63,8 @@ _Method = TypeVar("_Method", bound=Callable[..., Any])
 _traced: Callable[[_Method], _Method] = rollout_trace_op
 
 _settings_cache: dict[str, tuple[AgentLoopSettings, dict[str, PromptTemplate]]] = {}
+# What verl's Continuous Token merge helpers return: (MergeResult, response mask, log-probs).
+_Merged = tuple[Any, list[int], list[float] | None]
 
 
 class BadRowError(ValueError):
@@ -203,9 +207,11 @@ class GymkubeEnvAgentLoop(AgentLoopBase):
             return []
 
     # verl's Continuous Token helpers hand each merge to the default thread pool. The assistant
-    # merge is a list concatenation and the context merge two short chat-template renders
-    # (pure Python, so the GIL serialises them with the event loop anyway): the hop to a thread
-    # cost about 80 us per merge, half the work. These run the same builder calls inline.
+    # merge is a list concatenation and the context merge of a short observation two short
+    # chat-template renders: the hop to a thread cost about 80 us per merge, half the work.
+    # These run the same builder calls inline; a long observation (about 1 ms of tokenizing per
+    # 2,000 characters) still goes to the thread pool, so one turn cannot hold up the worker's
+    # other trajectories on the shared event loop.
 
     async def ct_merge_assistant_token(
         self,
@@ -214,7 +220,7 @@ class GymkubeEnvAgentLoop(AgentLoopBase):
         response_mask: list[int],
         response_logprobs: list[float] | None = None,
         assistant_logprobs: list[float] | None = None,
-    ) -> tuple[Any, list[int], list[float] | None]:
+    ) -> _Merged:
         builder = self.continuous_token_builder
         merged = builder.merge_assistant_tokens(runtime_token_ids, assistant_token_ids)
         mask, logprobs = builder.align_response_metadata(
@@ -230,7 +236,18 @@ class GymkubeEnvAgentLoop(AgentLoopBase):
         response_mask: list[int],
         response_logprobs: list[float] | None = None,
         tools: list[dict[str, Any]] | None = None,
-    ) -> tuple[Any, list[int], list[float] | None]:
+    ) -> _Merged:
+        appended = updated_messages[len(previous_messages) :]
+        if sum(len(str(message.get("content", ""))) for message in appended) > INLINE_MERGE_CHARS:
+            in_thread: _Merged = await super().ct_merge_context_msg(
+                previous_messages,
+                updated_messages,
+                runtime_token_ids,
+                response_mask,
+                response_logprobs,
+                tools,  # type: ignore[arg-type]  # verl annotates it list[dict] with default None
+            )
+            return in_thread
         builder = self.continuous_token_builder
         merged = builder.merge_context_tokens(
             previous_messages, updated_messages, runtime_token_ids, tools=tools

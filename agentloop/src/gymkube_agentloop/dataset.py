@@ -94,12 +94,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 async def _run(args: argparse.Namespace) -> dict[str, Any]:
+    template_name, template = chosen_template(PROG, args)
     settings = EnvClientSettings(retry_deadline_s=args.connect_timeout)
     try:
         tasks = await pool_tasks(PROG, args.env_url, args.env, settings)
     finally:
         await close_shared_session()
-    template_name, template = chosen_template(PROG, args)
     try:
         rows = build_rows(
             tasks,

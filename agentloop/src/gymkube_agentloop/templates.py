@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
+from string import Formatter
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 BRACKETED = re.compile(r"\[[^\[\]\n]+\]")
 """A one-line move in square brackets, as TextArena games take them: `[5 3 7]`, `[up]`."""
@@ -36,6 +37,14 @@ class ObservationKeep(StrEnum):
     """Its beginning (most envs put what matters first)."""
     END = "end"
     """Its end: for envs that repeat their whole history and add the news last (TextArena)."""
+
+
+FORMAT_FIELDS: dict[str, frozenset[str]] = {
+    "task": frozenset({"task_description", "observation"}),
+    "observation": frozenset({"observation"}),
+    "example_reply": frozenset({"action"}),
+}
+"""The template fields that are format strings, and the placeholders each may use."""
 
 
 class PromptTemplate(BaseModel):
@@ -65,6 +74,27 @@ class PromptTemplate(BaseModel):
     example_reply: str = Field(
         description="A well-formed reply carrying {action}, for scripted policies."
     )
+
+    @model_validator(mode="after")
+    def _placeholders_are_known(self) -> PromptTemplate:
+        """A misspelled placeholder fails here, not at the first episode that formats it."""
+        for name, known in FORMAT_FIELDS.items():
+            try:
+                used = {
+                    field
+                    for _, field, _, _ in Formatter().parse(getattr(self, name))
+                    if field is not None
+                }
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc} (write a literal brace as {{{{ or }}}})") from None
+            unknown = sorted(used - known)
+            if unknown:
+                shown = ", ".join("{" + field + "}" for field in unknown)
+                allowed = ", ".join("{" + field + "}" for field in sorted(known))
+                raise ValueError(f"{name} uses {shown}; it may use {allowed}")
+        if "{action}" not in self.example_reply:
+            raise ValueError("example_reply must contain {action}")
+        return self
 
     def opening(self) -> list[dict[str, str]]:
         return [

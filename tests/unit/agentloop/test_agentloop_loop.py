@@ -170,3 +170,37 @@ async def test_trajectories_pass_through_verls_batching_with_the_reward_on_the_l
     assert list(batch.non_tensor_batch["env_ending"]) == ["done", "bad_input"]
     assert list(batch.non_tensor_batch["env_steps"]) == [2, 0]
     assert batch.meta_info["reward_extra_keys"] == ["env_steps", "env_errors", "env_failed"]
+
+
+@pytest.mark.parametrize("observation_chars", [100, 5000], ids=["inline", "in-thread"])
+async def test_token_merges_match_verls_own_helpers(
+    tokenizer: PreTrainedTokenizerFast, agent_yaml: Callable[..., Path], observation_chars: int
+) -> None:
+    """The loop runs verl's merges inline (long observations in a thread): same tokens, same
+    mask, same log-probs as verl's AgentLoopBase helpers give."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopBase
+
+    agent_yaml("http://127.0.0.1:9")
+    loop = instantiate_loop("gymkube_env", ScriptedLLM(tokenizer, ["x"]), tokenizer)
+    opening = [*BUILTIN_TEMPLATES["frozen_lake"].opening(), {"role": "user", "content": "S F"}]
+    prompt = await loop.ct_build_initial_tokens(opening)
+    reply = tokenizer.encode("<action>down</action>", add_special_tokens=False)
+    logprobs = [-0.5] * len(reply)
+    previous = [*opening, {"role": "assistant", "content": "<action>down</action>"}]
+    updated = [*previous, {"role": "user", "content": ("H F G " * 2000)[:observation_chars]}]
+    for ours, verls in (
+        (
+            await loop.ct_merge_assistant_token(prompt, reply, [], [], assistant_logprobs=logprobs),
+            await AgentLoopBase.ct_merge_assistant_token(
+                loop, prompt, reply, [], [], assistant_logprobs=logprobs
+            ),
+        ),
+        (
+            await loop.ct_merge_context_msg(previous, updated, prompt + reply, [1] * 4, [0.1] * 4),
+            await AgentLoopBase.ct_merge_context_msg(
+                loop, previous, updated, prompt + reply, [1] * 4, [0.1] * 4
+            ),
+        ),
+    ):
+        assert ours[0].token_ids == verls[0].token_ids
+        assert ours[1:] == verls[1:]

@@ -79,3 +79,22 @@ def test_scores_normalise_to_their_place_on_the_env_scale(
 def test_a_score_scale_must_have_room() -> None:
     with pytest.raises(ValidationError, match="must exceed min"):
         ScoreScale(min=1, max=1)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"task": "{task}"}, "task uses {task}; it may use {observation}, {task_description}"),
+        ({"observation": "State: {obs"}, "observation: expected '}' before end of string"),
+        ({"example_reply": '{"guess": {action}}'}, 'example_reply uses {"guess"}'),
+        ({"example_reply": "no move"}, "example_reply must contain {action}"),
+    ],
+)
+def test_a_template_with_a_placeholder_it_cannot_fill_is_refused_up_front(
+    fields: dict[str, str], message: str
+) -> None:
+    base = FROZEN_LAKE.model_dump(mode="json")
+    with pytest.raises(ValidationError) as refused:
+        resolve_templates({"mine": {**base, **fields}})
+    assert message in str(refused.value)
+    assert "mine" in str(refused.value)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
-from envserver_fixtures import asgi_client
+from envserver_fixtures import asgi_client, asgi_server
+from gymkube_envserver.envs.base import EnvInstance
 
 pytestmark = pytest.mark.unit
 
@@ -184,3 +186,33 @@ async def test_metrics_count_requests_by_endpoint_and_error_code() -> None:
         assert 'gymkube_envserver_request_duration_seconds_bucket{endpoint="/step"' in text
         assert "gymkube_envserver_active_sessions 1.0" in text
         assert "gymkube_envserver_sessions_served_total 1.0" in text
+
+
+async def test_an_env_the_canary_borrows_counts_toward_the_warm_pool() -> None:
+    """A refill while the canary holds a warm env starts only what is missing, and the
+    borrowed env goes back: no env is started (and for ScienceWorld warmed up) to be thrown away."""
+    async with asgi_server(warm=2) as (client, app):
+        manager = app.state.manager
+        backend = manager.backend
+        starts = 0
+        start = backend.start
+
+        async def counted_start(env_config: dict[str, Any]) -> EnvInstance:
+            nonlocal starts
+            starts += 1
+            return await start(env_config)
+
+        backend.start = counted_start
+        async with manager.borrowed_spare() as borrowed:
+            session = (await client.post("/create")).json()["id"]  # the other warm env
+            await client.post("/reset", json={"id": session, "data_idx": 0})
+            await client.post("/close", json={"id": session})
+            for _ in range(100):
+                if manager.warm:
+                    break
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.1)
+            assert len(manager.warm) == 1  # 2 wanted, 1 lent
+        assert starts == 1
+        assert len(manager.warm) == 2
+        assert borrowed in manager.warm

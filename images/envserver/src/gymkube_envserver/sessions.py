@@ -83,7 +83,7 @@ class SessionManager:
         self.warmed_event = asyncio.Event()
         self._closed: OrderedDict[str, str] = OrderedDict()
         self._creating = 0
-        self._warm_starting = 0
+        self._lent = 0  # warm envs the canary has borrowed (they come back)
         self._refill = asyncio.Event()
         self._resets_in_flight = 0
         self._tasks: list[asyncio.Task[None]] = []
@@ -302,12 +302,19 @@ class SessionManager:
         start, which for ScienceWorld is a JVM and its warm-up); any other is closed.
         """
         from_pool = bool(self.warm)
-        instance = self.warm.popleft() if from_pool else await self.backend.start({})
+        if from_pool:
+            instance = self.warm.popleft()
+            self._lent += 1
+        else:
+            instance = await self.backend.start({})
         try:
             yield instance
         except BaseException:
             self._spawn_close(instance)
             raise
+        finally:
+            if from_pool:
+                self._lent -= 1
         if from_pool and not self.draining and len(self.warm) < self.settings.warm:
             self.warm.append(instance)
         else:
@@ -322,20 +329,29 @@ class SessionManager:
                 log.exception("preparing the env failed; retrying")
                 await asyncio.sleep(WARM_RETRY_S)
         while True:
-            while not self.draining and len(self.warm) < self.settings.warm:
+            while self._warm_pool_short():
                 await self._yield_to_resets()
+                if not self._warm_pool_short():
+                    break  # a canary gave its env back meanwhile
+                instance: EnvInstance | None = None
                 try:
                     instance = await self.backend.start({})
                     await instance.warm_up()
                 except Exception:
                     log.exception("starting a warm env failed; retrying")
+                    if instance is not None:
+                        self._spawn_close(instance)
                     await asyncio.sleep(WARM_RETRY_S)
                     continue
                 self.warm.append(instance)
-            if len(self.warm) >= self.settings.warm:
+            if len(self.warm) + self._lent >= self.settings.warm:
                 self.warmed_event.set()
             self._refill.clear()
             await self._refill.wait()
+
+    def _warm_pool_short(self) -> bool:
+        """Fewer warm envs than wanted, counting one the canary has borrowed."""
+        return not self.draining and len(self.warm) + self._lent < self.settings.warm
 
     async def _yield_to_resets(self) -> None:
         """Let new sessions reset before starting an env (waits up to REFILL_DEFER_S).

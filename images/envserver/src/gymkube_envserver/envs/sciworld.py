@@ -49,8 +49,6 @@ SPLITS = ("train", "dev", "test")
 INFO_KEYS = ("moves", "score", "reward", "variationIdx", "taskName", "simplificationStr")
 """ScienceWorld step info passed on; look/inventory/valid-action lists stay out (large)."""
 JVM_EXIT_WAIT_S = 5.0
-WARM_UP_TASK_STRIDE = 7
-"""Step through the task list in the warm-up (coprime with its length: every task comes up)."""
 
 
 class SciWorldConfig(BaseModel):
@@ -293,7 +291,7 @@ class SciWorldBackend(EnvBackend):
         count = len(table.task_names)
         picks = []
         for load in range(self.warm_up_resets):
-            task = load * WARM_UP_TASK_STRIDE % count
+            task = load % count
             picks.append((table.task_names[task], load // count % table.variations[task]))
         return picks
 
