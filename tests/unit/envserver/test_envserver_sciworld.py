@@ -244,3 +244,18 @@ def test_the_warm_up_loads_every_task_before_repeating_one(
     names = [name for name, _ in picks]
     assert sorted(names[:23]) == sorted(tasks["task_names"])
     assert picks[23] == (picks[0][0], 1)
+
+
+def test_a_client_that_leaves_during_a_cold_create_leaves_no_jvm_behind() -> None:
+    """Without a warm env /create starts a JVM; a client that times out meanwhile never learns
+    the session id, so the server frees the session and its JVM at once."""
+    with live_server(env="sciworld", warm=0, max_sessions=2) as (url, app):
+        wait_until_ready(url)
+        manager = app.state.manager
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/create", json={}, timeout=httpx.Timeout(5.0, read=0.1))
+        wait_for(lambda: manager.served == 1)
+        wait_for(lambda: not manager.sessions)
+        # A client that waits keeps its session.
+        session = httpx.post(f"{url}/create", json={}, timeout=120).json()["id"]
+        assert session in manager.sessions

@@ -141,3 +141,30 @@ def test_full_pool_answers_503_with_retry_after(procs: Procs) -> None:
         assert http.post("/close", json={"id": sessions[0]}).status_code == 200
         waiter.join(timeout=10)
         assert [response.status_code for response in waited] == [200]
+
+
+def test_a_client_that_leaves_during_a_slow_create_leaves_no_session_behind(
+    procs: Procs,
+) -> None:
+    """No warm env: /create starts a ScienceWorld JVM (a second or so). A client that times out
+    meanwhile never learns the session id; the router closes that session at once instead of
+    leaving its JVM to the server's idle reaper."""
+    backend = procs.env_server(max_sessions=2, warm=0, env="sciworld")
+    router = procs.router_for([backend])
+    wait_all(backend, router)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(router.url + "/create", json={}, timeout=httpx.Timeout(5.0, read=0.1))
+    deadline = time.monotonic() + 30
+    while not (served := httpx.get(backend.url + "/status").json())["served"]:
+        assert time.monotonic() < deadline, "the create never reached the server"
+        time.sleep(0.1)
+    while served["active"]:
+        assert time.monotonic() < deadline, "the orphaned session is still open"
+        time.sleep(0.1)
+        served = httpx.get(backend.url + "/status").json()
+    metrics = httpx.get(router.url + "/metrics").text
+    assert "gymkube_router_orphans_closed_total 1.0" in metrics
+    # A client that waits gets its session, and keeps it.
+    session = httpx.post(router.url + "/create", json={}, timeout=60).json()["id"]
+    assert httpx.get(backend.url + "/status").json()["active"] == 1
+    httpx.post(router.url + "/close", json={"id": session})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
@@ -49,6 +50,8 @@ MAX_BODY_BYTES = 2 * 1024 * 1024
 """Requests declaring a larger body are refused with 413 before it is read."""
 
 SessionQuery = Annotated[str, Query(min_length=1, max_length=MAX_ID_CHARS)]
+
+log = logging.getLogger(__name__)
 
 
 def _errors(*codes: ErrorCode) -> dict[int | str, dict[str, Any]]:
@@ -171,9 +174,16 @@ def create_app(settings: ServerSettings, backend: EnvBackend | None = None) -> F
         ),
         summary="Open a session (503 with Retry-After at capacity or while draining).",
     )
-    async def create(body: Annotated[CreateRequest | None, Body()] = None) -> CreateResponse:
+    async def create(
+        request: Request, body: Annotated[CreateRequest | None, Body()] = None
+    ) -> CreateResponse:
         env_config = (body.env_config if body else None) or {}
         session = await manager.create(env_config)
+        if await request.is_disconnected():
+            # The client gave up while its env started (a cold JVM takes a second or more):
+            # nobody will learn this id, so the env is freed now, not by the idle reaper.
+            log.info("closing session %s: its client left during /create", session.id)
+            manager.close(session.id)
         return CreateResponse(id=session.id)
 
     @app.post(

@@ -103,6 +103,8 @@ class Router:
         self._sweeper: asyncio.Task[None] | None = None
         # Requests the sweeper cancelled for running past --request-timeout.
         self._overdue: set[asyncio.Task[Any]] = set()
+        # /close calls for sessions whose client left during /create.
+        self._orphan_closes: set[asyncio.Task[Any]] = set()
         self._routes: dict[tuple[str, str], Handler] = {
             ("GET", "/healthz"): self._healthz,
             ("GET", "/readyz"): self._readyz,
@@ -326,7 +328,31 @@ class Router:
                 backend.unreported -= 1
                 return web.Response(body=payload, status=status, headers=headers)
             backend.placed += 1
+            if request.transport is None or request.transport.is_closing():
+                # The client gave up while the server was starting an env (a cold JVM takes a
+                # second or more): nobody will learn this session's id, so close it now rather
+                # than leave its env to the server's idle reaper.
+                self._close_orphan(request, backend, payload)
             return self._respond(backend, "/create", status, payload, headers)
+
+    def _close_orphan(self, request: web.BaseRequest, backend: Backend, payload: bytes) -> None:
+        try:
+            session_id = json.loads(payload)["id"]
+        except (ValueError, KeyError, TypeError):
+            return
+        body = json.dumps({"id": session_id}).encode()
+        task = asyncio.create_task(self._forward(request, backend, b"POST", "/close", body))
+        self._orphan_closes.add(task)
+        task.add_done_callback(self._orphan_closed)
+        self.metrics.orphans_closed += 1
+        log.info(
+            "closing session %s on %s: its client left during /create", session_id, backend.address
+        )
+
+    def _orphan_closed(self, task: asyncio.Task[Any]) -> None:
+        self._orphan_closes.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("closing an orphaned session failed: %s", task.exception())
 
     async def _any_backend(self, request: web.BaseRequest) -> web.StreamResponse:
         """Pool-wide facts every env server answers alike (``/tasks``, ``/``)."""

@@ -66,6 +66,7 @@ class RouterMetrics(Collector):
         self.added_latency: dict[str, Histogram] = {}
         self.create_waits = 0
         self.pool_full = 0
+        self.orphans_closed = 0
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -107,6 +108,11 @@ class RouterMetrics(Collector):
             "gymkube_router_pool_full",
             "Creates refused with 503 because the pool stayed full for --create-wait.",
             value=self.pool_full,
+        )
+        yield CounterMetricFamily(
+            "gymkube_router_orphans_closed",
+            "Sessions closed because their client left while /create was under way.",
+            value=self.orphans_closed,
         )
         yield from self._backend_families()
 
