@@ -6,7 +6,8 @@ import asyncio
 from typing import Any
 
 import pytest
-from envserver_fixtures import asgi_client, asgi_server
+from envserver_fixtures import asgi_client, asgi_server, settings, wait_ready
+from gymkube_envserver.app import create_app
 from gymkube_envserver.envs.base import EnvInstance
 
 pytestmark = pytest.mark.unit
@@ -216,3 +217,36 @@ async def test_an_env_the_canary_borrows_counts_toward_the_warm_pool() -> None:
         assert starts == 1
         assert len(manager.warm) == 2
         assert borrowed in manager.warm
+
+
+async def test_an_env_whose_warm_up_fails_is_closed_and_replaced() -> None:
+    """A failed warm-up is retried with a new env; the failed one is closed (for ScienceWorld,
+    its JVM), not dropped while still running."""
+    app = create_app(settings(warm=1))
+    backend = app.state.manager.backend
+    start = backend.start
+    closed: list[EnvInstance] = []
+    starts = 0
+
+    async def start_failing_once(env_config: dict[str, Any]) -> EnvInstance:
+        nonlocal starts
+        starts += 1
+        instance = await start(env_config)
+        if starts == 1:
+
+            async def failing_warm_up() -> None:
+                raise RuntimeError("the env died while warming up")
+
+            async def recorded_close() -> None:
+                closed.append(instance)
+
+            instance.warm_up = failing_warm_up  # type: ignore[method-assign]
+            instance.close = recorded_close  # type: ignore[method-assign]
+        return instance
+
+    backend.start = start_failing_once
+    async with app.router.lifespan_context(app):
+        await wait_ready(app)
+        assert len(closed) == 1
+        assert len(app.state.manager.warm) == 1
+        assert closed[0] not in app.state.manager.warm
