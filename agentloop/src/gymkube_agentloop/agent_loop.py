@@ -35,7 +35,7 @@ from verl.utils.rollout_trace import rollout_trace_op
 
 from gymkube_agentloop.client import EnvCallError, EnvClient, fetch_tasks
 from gymkube_agentloop.episode import Ending, EnvEpisode, Turn
-from gymkube_agentloop.protocol import TasksReply
+from gymkube_agentloop.protocol import TasksReply, validation_problems
 from gymkube_agentloop.settings import AgentLoopSettings, RewardMode
 from gymkube_agentloop.templates import (
     ObservationKeep,
@@ -86,10 +86,7 @@ def load_settings(options: dict[str, Any]) -> tuple[AgentLoopSettings, dict[str,
             settings = AgentLoopSettings(**options)
             templates = resolve_templates(settings.templates)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(part) for part in err['loc'])}: {err['msg']}"
-                for err in exc.errors()
-            )
+            problems = validation_problems(exc)
             raise ValueError(
                 f"invalid {AGENT_NAME} agent-loop settings ({problems}); the env URL comes from "
                 "the YAML key env_url, else GYMKUBE_ENV_URL, else SCIWORLD_ENV_BASE"

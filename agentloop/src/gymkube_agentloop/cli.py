@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 from pydantic import ValidationError
 
 from gymkube_agentloop.client import EnvCallError, EnvClient, EnvClientSettings
-from gymkube_agentloop.protocol import TasksReply
+from gymkube_agentloop.protocol import TasksReply, validation_problems
 from gymkube_agentloop.templates import PromptTemplate, resolve_templates, template_for_env
 
 EXIT_ENV_FAILURE = 1
@@ -87,9 +87,7 @@ def chosen_template(prog: str, args: argparse.Namespace) -> tuple[str, PromptTem
     try:
         templates = resolve_templates(extra)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in err['loc'])}: {err['msg']}" for err in exc.errors()
-        )
+        problems = validation_problems(exc)
         fail(prog, f"{args.templates}: invalid template ({problems})", EXIT_BAD_INPUT)
     name = args.template or template_for_env(args.env)
     template = templates.get(name)

@@ -28,7 +28,14 @@ from typing import Any, TypeVar
 import aiohttp
 from pydantic import BaseModel, Field, ValidationError
 
-from gymkube_agentloop.protocol import CreateReply, ErrorReply, ResetReply, StepReply, TasksReply
+from gymkube_agentloop.protocol import (
+    CreateReply,
+    ErrorReply,
+    ResetReply,
+    StepReply,
+    TasksReply,
+    validation_problems,
+)
 
 # Statuses a router or proxy gives when a backend hiccups.
 RETRYABLE_STATUSES = frozenset({502, 503, 504})
@@ -152,10 +159,7 @@ def _parse(model: type[_Reply], path: str, payload: Any) -> _Reply:
     try:
         return model.model_validate(payload)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in err['loc']) or 'body'}: {err['msg']}"
-            for err in exc.errors()
-        )
+        problems = validation_problems(exc, "body")
         raise EnvCallError("bad_reply", f"{path} answered an unexpected body: {problems}") from None
 
 

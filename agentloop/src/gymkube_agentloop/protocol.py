@@ -6,7 +6,15 @@ pass through, and they only require what the agent loop actually uses.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+def validation_problems(exc: ValidationError, whole: str = "value") -> str:
+    """pydantic's problems as one line, `where: what; ...` (`whole` names an error at the top)."""
+    return "; ".join(
+        f"{'.'.join(str(part) for part in err['loc']) or whole}: {err['msg']}"
+        for err in exc.errors()
+    )
 
 
 class _Reply(BaseModel):
