@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 from gymkube_envserver.app import create_app
+from gymkube_envserver.envs.base import EnvBackend, EnvInstance
 from gymkube_envserver.settings import ServerSettings
 
 HERE = Path(__file__).parent
@@ -88,3 +89,24 @@ def wait_until_ready(base_url: str, timeout_s: float = 180.0) -> None:
             return
         time.sleep(0.2)
     raise TimeoutError(f"{base_url} not ready after {timeout_s} s")
+
+
+def record_env_starts(
+    backend: EnvBackend, on_start: Callable[[EnvInstance], None] | None = None
+) -> list[EnvInstance]:
+    """Every env the backend starts from now on, in order (a JVM start for ScienceWorld).
+
+    ``on_start`` sees each new env before it is recorded, so a test can tamper with the first.
+    """
+    started: list[EnvInstance] = []
+    start = backend.start
+
+    async def recorded_start(env_config: dict[str, Any]) -> EnvInstance:
+        instance = await start(env_config)
+        if on_start is not None:
+            on_start(instance)
+        started.append(instance)
+        return instance
+
+    backend.start = recorded_start  # type: ignore[method-assign]
+    return started

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
-from envserver_fixtures import asgi_client, asgi_server, settings, wait_ready
+from envserver_fixtures import (
+    asgi_client,
+    asgi_server,
+    record_env_starts,
+    settings,
+    wait_ready,
+)
 from gymkube_envserver.app import create_app
 from gymkube_envserver.envs.base import EnvInstance
 
@@ -194,16 +199,7 @@ async def test_an_env_the_canary_borrows_counts_toward_the_warm_pool() -> None:
     borrowed env goes back: no env is started (and for ScienceWorld warmed up) to be thrown away."""
     async with asgi_server(warm=2) as (client, app):
         manager = app.state.manager
-        backend = manager.backend
-        starts = 0
-        start = backend.start
-
-        async def counted_start(env_config: dict[str, Any]) -> EnvInstance:
-            nonlocal starts
-            starts += 1
-            return await start(env_config)
-
-        backend.start = counted_start
+        started = record_env_starts(manager.backend)
         async with manager.borrowed_spare() as borrowed:
             session = (await client.post("/create")).json()["id"]  # the other warm env
             await client.post("/reset", json={"id": session, "data_idx": 0})
@@ -214,7 +210,7 @@ async def test_an_env_the_canary_borrows_counts_toward_the_warm_pool() -> None:
                 await asyncio.sleep(0.02)
             await asyncio.sleep(0.1)
             assert len(manager.warm) == 1  # 2 wanted, 1 lent
-        assert starts == 1
+        assert len(started) == 1
         assert len(manager.warm) == 2
         assert borrowed in manager.warm
 
@@ -223,28 +219,22 @@ async def test_an_env_whose_warm_up_fails_is_closed_and_replaced() -> None:
     """A failed warm-up is retried with a new env; the failed one is closed (for ScienceWorld,
     its JVM), not dropped while still running."""
     app = create_app(settings(warm=1))
-    backend = app.state.manager.backend
-    start = backend.start
     closed: list[EnvInstance] = []
-    starts = 0
 
-    async def start_failing_once(env_config: dict[str, Any]) -> EnvInstance:
-        nonlocal starts
-        starts += 1
-        instance = await start(env_config)
-        if starts == 1:
+    def fail_the_first_warm_up(instance: EnvInstance) -> None:
+        if started:
+            return
 
-            async def failing_warm_up() -> None:
-                raise RuntimeError("the env died while warming up")
+        async def failing_warm_up() -> None:
+            raise RuntimeError("the env died while warming up")
 
-            async def recorded_close() -> None:
-                closed.append(instance)
+        async def recorded_close() -> None:
+            closed.append(instance)
 
-            instance.warm_up = failing_warm_up  # type: ignore[method-assign]
-            instance.close = recorded_close  # type: ignore[method-assign]
-        return instance
+        instance.warm_up = failing_warm_up  # type: ignore[method-assign]
+        instance.close = recorded_close  # type: ignore[method-assign]
 
-    backend.start = start_failing_once
+    started = record_env_starts(app.state.manager.backend, fail_the_first_warm_up)
     async with app.router.lifespan_context(app):
         await wait_ready(app)
         assert len(closed) == 1

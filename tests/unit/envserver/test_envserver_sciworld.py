@@ -11,14 +11,12 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 import requests
-from envserver_fixtures import asgi_server, live_server, wait_until_ready
+from envserver_fixtures import asgi_server, live_server, record_env_starts, wait_until_ready
 from fastapi import FastAPI
-from gymkube_envserver.envs.base import EnvInstance
 
 pytestmark = pytest.mark.unit
 
@@ -209,16 +207,7 @@ async def test_the_canary_runs_on_a_warm_jvm_and_leaves_it_in_the_pool() -> None
         client,
         app,
     ):
-        backend = app.state.manager.backend
-        started = 0
-        start = backend.start
-
-        async def counted_start(env_config: dict[str, Any]) -> EnvInstance:
-            nonlocal started
-            started += 1
-            return await start(env_config)
-
-        backend.start = counted_start
+        started = record_env_starts(app.state.manager.backend)
         canaries_seen: set[float] = set()
         for _ in range(600):
             status = (await client.get("/status")).json()
@@ -229,7 +218,7 @@ async def test_the_canary_runs_on_a_warm_jvm_and_leaves_it_in_the_pool() -> None
                 break
             await asyncio.sleep(0.1)
         assert len(canaries_seen) >= 3
-        assert started == 0, "the canary made the server start JVMs"
+        assert not started, "the canary made the server start JVMs"
         manager = app.state.manager
         assert len(manager.warm) + manager._lent == 1, "the warm pool over- or under-filled"
 
