@@ -27,6 +27,7 @@ import statistics
 import sys
 import time
 import urllib.request
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -64,26 +65,22 @@ class TimedMerges(GymkubeEnvAgentLoop):
 
     seconds = 0.0  # reset by the sequential runner before each trajectory
 
-    async def ct_build_initial_tokens(self, *args: Any, **kwargs: Any) -> Any:
+    @staticmethod
+    async def _timed(merge: Awaitable[Any]) -> Any:
         started = time.perf_counter()
         try:
-            return await super().ct_build_initial_tokens(*args, **kwargs)
+            return await merge
         finally:
             TimedMerges.seconds += time.perf_counter() - started
+
+    async def ct_build_initial_tokens(self, *args: Any, **kwargs: Any) -> Any:
+        return await self._timed(super().ct_build_initial_tokens(*args, **kwargs))
 
     async def ct_merge_assistant_token(self, *args: Any, **kwargs: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            return await super().ct_merge_assistant_token(*args, **kwargs)
-        finally:
-            TimedMerges.seconds += time.perf_counter() - started
+        return await self._timed(super().ct_merge_assistant_token(*args, **kwargs))
 
     async def ct_merge_context_msg(self, *args: Any, **kwargs: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            return await super().ct_merge_context_msg(*args, **kwargs)
-        finally:
-            TimedMerges.seconds += time.perf_counter() - started
+        return await self._timed(super().ct_merge_context_msg(*args, **kwargs))
 
 
 class ClientPerTrajectoryLoop(TimedMerges):
