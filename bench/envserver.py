@@ -348,13 +348,15 @@ def bench_frozen_lake(sessions: int, duration_s: float) -> dict[str, Any]:
 
 
 def warm_up_like_the_server(env: Any) -> int:
-    """The warm-pool warm-up on an in-process env (every task once, a reset and a step each)."""
+    """The warm-pool warm-up on an in-process env: the server's plan, a reset and a step each."""
+    from gymkube_envserver.envs.sciworld import SKIPPED_TASK_IDS, warm_up_plan
     from gymkube_envserver.settings import ServerSettings
 
-    names = list(env.get_task_names())
+    names = [name for task_id, name in env.tasks.items() if task_id not in SKIPPED_TASK_IDS]
+    variations = [int(env.get_max_variations(name)) for name in names]
     loads: int = ServerSettings.model_fields["warm_up_resets"].default
-    for load in range(loads):
-        env.load(names[load % len(names)], load // len(names))
+    for task, variation in warm_up_plan(names, variations, loads):
+        env.load(task, variation)
         env.get_task_description()
         env.step("look around")
     return loads

@@ -18,6 +18,7 @@ import asyncio
 import logging
 import os
 import subprocess
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from importlib import metadata
@@ -97,6 +98,21 @@ def read_task_table(env: ScienceWorldEnv) -> TaskTable:
         splits["dev"][name] = [int(v) for v in env.get_variations_dev()]
         splits["test"][name] = [int(v) for v in env.get_variations_test()]
     return TaskTable(task_ids=ids, task_names=names, variations=variations, splits=splits)
+
+
+def warm_up_plan(
+    task_names: Sequence[str], variations: Sequence[int], loads: int
+) -> list[tuple[str, int]]:
+    """(task, variation) pairs a warm-up loads: every task once, then their next variations.
+
+    Each task builds its world with its own code, so going through the tasks warms the JIT for
+    all of them; variations of a few tasks would leave it cold for the rest.
+    """
+    count = len(task_names)
+    return [
+        (task_names[load % count], load // count % variations[load % count])
+        for load in range(loads)
+    ]
 
 
 def task_table_cache(cache_dir: Path) -> Path:
@@ -189,8 +205,7 @@ class SciWorldInstance(EnvInstance):
 
     async def warm_up(self) -> None:
         # A fresh JVM loads its first tasks several times slower than later ones (class loading,
-        # JIT); paying that here keeps it off the first /reset. Each task has its own world-building
-        # code, so the warm-up goes through different tasks rather than variations of a few.
+        # JIT); paying that here keeps it off the first /reset.
         for task_name, variation in self._backend.warm_up_entries():
             await self._run(self._load, task_name, variation, SciWorldConfig())
             await self._run(self._env.step, "look around")
@@ -288,12 +303,7 @@ class SciWorldBackend(EnvBackend):
         table = self._table
         if table is None:
             raise RuntimeError("ScienceWorld task table not loaded yet")
-        count = len(table.task_names)
-        picks = []
-        for load in range(self.warm_up_resets):
-            task = load % count
-            picks.append((table.task_names[task], load // count % table.variations[task]))
-        return picks
+        return warm_up_plan(table.task_names, table.variations, self.warm_up_resets)
 
     def tasks(self) -> TasksResponse:
         if self._tasks is None:
