@@ -36,7 +36,8 @@ SERVICEMONITOR_CRD = "example/prometheus-operator-crd/monitoring.coreos.com_serv
 TIMEOUT_S = 120
 
 # What the operator does through the API, as (verb, group, resource): kopf's watches and patches,
-# the builders' server-side applies, the watchdog's pod deletions, status writes and events.
+# the builders' server-side applies, the watchdog's pod deletions, trainer log reads, status
+# writes and events.
 OPERATOR_NEEDS: frozenset[tuple[str, str, str]] = frozenset(
     {(verb, "gymkube.io", kind) for verb in ("get", "list", "watch", "patch")
      for kind in ("envpools", "trainingruns")}
@@ -49,6 +50,7 @@ OPERATOR_NEEDS: frozenset[tuple[str, str, str]] = frozenset(
     | {(verb, "", kind) for verb in ("create", "patch") for kind in ("services", "configmaps")}
     | {("create", "policy", "poddisruptionbudgets"), ("patch", "policy", "poddisruptionbudgets")}
     | {(verb, "", "pods") for verb in ("list", "watch", "delete")}
+    | {("get", "", "pods/log")}
     | {(verb, group, kind) for verb in ("get", "list", "watch", "create", "patch")
        for group, kind in (("batch", "jobs"), ("ray.io", "rayjobs"))}
     | {("create", "", "events")}

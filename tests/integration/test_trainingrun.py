@@ -37,6 +37,7 @@ pytestmark = pytest.mark.integration
 
 GROUP, VERSION, PLURAL = "gymkube.io", "v1alpha1", "trainingruns"
 POOL = "lake"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SUMMARY = {"ok": True, "episodes": 8, "env_errors": {}, "mean_score": 0.25}
 
 # Just enough of KubeRay's CRD for the API server to serve ray.io/v1 RayJob.
@@ -164,13 +165,15 @@ class Runs:
 
         return eventually(f"a pod of Job {job} (from the Job controller)", probe)
 
-    def finish_pod(self, job: str, exit_code: int, message: str = "") -> None:
+    def finish_pod(
+        self, job: str, exit_code: int, message: str = "", reason: str | None = None
+    ) -> None:
         """What a kubelet reports when the pod's container exits."""
         pod = self.job_pod(job)
         container = pod.spec.containers[0]
         terminated = {
             "exitCode": exit_code,
-            "reason": "Completed" if exit_code == 0 else "Error",
+            "reason": reason or ("Completed" if exit_code == 0 else "Error"),
             "startedAt": now(),
             "finishedAt": now(),
             **({"message": message} if message else {}),
@@ -201,12 +204,16 @@ class Runs:
         }
         self.core.patch_namespaced_pod_status(pod.metadata.name, self.namespace, {"status": status})
 
-    def event_reasons(self, run: str) -> set[str]:
+    def events(self, run: str) -> dict[str, str]:
+        """The run's Events: reason -> message."""
         events = self.core.list_namespaced_event(
             self.namespace,
             field_selector=f"involvedObject.name={run},involvedObject.kind=TrainingRun",
         ).items
-        return {e.reason for e in events}
+        return {e.reason: e.message for e in events}
+
+    def event_reasons(self, run: str) -> set[str]:
+        return set(self.events(run))
 
 
 def start_operator(kube: ControlPlane, namespace: str, log: Path) -> OperatorProcess:
@@ -214,6 +221,7 @@ def start_operator(kube: ControlPlane, namespace: str, log: Path) -> OperatorPro
     with pytest.MonkeyPatch.context() as env:
         env.setenv("GYMKUBE_TRAININGRUN_RESYNC_SECONDS", "1")
         env.setenv("GYMKUBE_TRAINER_IMAGE", "reg.example/trainer:1")
+        env.setenv("GYMKUBE_CPU_TRAINER_IMAGE", "reg.example/trainer-cpu:1")
         env.setenv("GYMKUBE_PREFLIGHT_IMAGE", "reg.example/preflight:1")
         return OperatorProcess(kube, namespace, log)
 
@@ -312,6 +320,8 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "spec.agentLoop.templates.x",
     ),
     ("negative TTL", {"ttlSecondsAfterFinished": -1}, "spec.ttlSecondsAfterFinished"),
+    ("unknown device", {"device": "tpu"}, 'spec.device: Unsupported value: "tpu"'),
+    ("cpu on two nodes", {"device": "cpu", "nodes": 2}, "device cpu trains on one node"),
 ]
 
 
@@ -351,22 +361,33 @@ def test_invalid_runs_are_rejected_with_a_readable_message(
     assert message in result.stderr
 
 
-def test_the_example_applies_as_is(kube: ControlPlane, runs: Runs) -> None:
-    example = Path(__file__).resolve().parents[2] / "examples" / "trainingrun-sciworld-grpo.yaml"
+@pytest.mark.parametrize("example", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_applies_as_is(kube: ControlPlane, runs: Runs, example: Path) -> None:
+    docs = [d for d in yaml.safe_load_all(example.read_text()) if d]
     result = kube.kubectl("apply", "--dry-run=server", "-n", runs.namespace, "-f", str(example))
-    assert "trainingrun.gymkube.io/sciworld-grpo created (server dry run)" in result.stdout
-    assert "envpool.gymkube.io/sciworld created (server dry run)" in result.stdout
+    lines = result.stdout.splitlines()
+    assert len(lines) == len(docs)
+    for doc, line in zip(docs, lines, strict=True):
+        assert line.endswith(f"/{doc['metadata']['name']} created (server dry run)"), line
 
 
-@pytest.mark.parametrize("own_templates", [False, True], ids=["example", "own-templates"])
+@pytest.mark.parametrize(
+    ("example", "own_templates"),
+    [
+        ("trainingrun-sciworld-grpo.yaml", False),
+        ("trainingrun-sciworld-grpo.yaml", True),
+        ("trainingrun-frozenlake-cpu.yaml", False),
+    ],
+    ids=["example", "own-templates", "cpu"],
+)
 def test_the_examples_children_are_valid_kubernetes_objects(
-    kube: ControlPlane, runs: Runs, own_templates: bool
+    kube: ControlPlane, runs: Runs, example: str, own_templates: bool
 ) -> None:
-    """The Job, preflight Job and ConfigMap rendered from the example (and from it with prompt
+    """The Job, preflight Job and ConfigMap rendered from an example (and from one with prompt
     templates of its own, which the preflight mounts) pass the API server's own validation
     (volumes, security contexts, resources), checked by a server-side dry run."""
-    example = Path(__file__).resolve().parents[2] / "examples" / "trainingrun-sciworld-grpo.yaml"
-    (doc,) = [d for d in yaml.safe_load_all(example.read_text()) if d["kind"] == "TrainingRun"]
+    path = EXAMPLES / example
+    (doc,) = [d for d in yaml.safe_load_all(path.read_text()) if d["kind"] == "TrainingRun"]
     if own_templates:
         template = {"system": "s", "instructions": "i", "acknowledgement": "a"}
         doc["spec"]["agentLoop"]["templates"] = {"terse": template}
@@ -444,7 +465,16 @@ def test_a_run_waits_for_its_pool_then_preflights_then_trains_then_fails(
     pod = train.spec.template.spec
     trainer = pod.containers[0]
     assert trainer.image == "reg.example/trainer:1"
-    assert trainer.command[:3] == ["python3", "-m", "verl.trainer.main_ppo"]
+    assert trainer.command[:6] == [
+        "gymkube-train",
+        "--checkpoint-dir",
+        "/checkpoints/life",
+        "--model-path",
+        "/models/q",
+        "--",
+    ]
+    assert trainer.command[6:9] == ["python3", "-m", "verl.trainer.main_ppo"]
+    assert trainer.termination_message_policy == "FallbackToLogsOnError"
     assert "trainer.n_gpus_per_node=4" in trainer.command
     assert trainer.resources.limits["nvidia.com/gpu"] == "4"
     assert {e.name: e.value for e in trainer.env}["GYMKUBE_ENV_URL"] == url
@@ -458,20 +488,60 @@ def test_a_run_waits_for_its_pool_then_preflights_then_trains_then_fails(
     runs.wait_condition("life", "Running", "True", "TrainingRunning")
     assert (runs.get("life") or {})["status"].get("startTime")
 
-    runs.finish_pod("life-train", 1)
-    failed = runs.wait_condition("life", "Failed", "True", "BackoffLimitExceeded")
-    assert "life-train" in failed["message"]
+    # What gymkube-train writes to the termination log when verl fails.
+    runs.finish_pod("life-train", 1, "ValueError: train_batch_size 3 is not divisible by 2")
+    failed = runs.wait_condition("life", "Failed", "True", "TrainerFailed")
+    assert failed["message"] == (
+        "Job life-train failed: the trainer exited with code 1: "
+        "ValueError: train_batch_size 3 is not divisible by 2"
+    )
     assert runs.condition("life", "Running")["status"] == "False"
     assert (runs.get("life") or {})["status"].get("completionTime")
     assert {
         "EnvPoolNotFound",
         "PreflightStarted",
         "PreflightSucceeded",
-        "BackoffLimitExceeded",
+        "TrainerFailed",
     } <= (eventually("events", lambda: runs.event_reasons("life") or None))
     table = kube.kubectl("get", "trainingruns", "-n", runs.namespace).stdout
-    assert table.split()[:5] == ["NAME", "POOL", "PHASE", "NODES", "AGE"]
+    header = ["NAME", "POOL", "PHASE", "NODES", "STEP", "TOTAL", "REWARD", "ETA", "AGE"]
+    assert table.split()[:9] == header
     assert "Failed" in table
+
+
+def test_a_cpu_run_trains_without_a_gpu_and_an_oom_kill_says_so(
+    kube: ControlPlane, runs: Runs
+) -> None:
+    make_pool_ready(kube, runs)
+    runs.create(
+        "on-cpu",
+        device="cpu",
+        resources={"requests": {"memory": "6Gi"}, "limits": {"memory": "14Gi"}},
+        preflight={"enabled": False},
+    )
+    eventually("the training Job", lambda: runs.job("on-cpu-train"))
+    trainer = runs.job("on-cpu-train").spec.template.spec.containers[0]
+    assert trainer.image == "reg.example/trainer-cpu:1"
+    assert trainer.resources.limits == {"memory": "14Gi"}
+    env = {e.name: e.value for e in trainer.env}
+    assert (env["VERL_PLATFORM"], env["VERL_USE_EXTERNAL_MODULES"]) == (
+        "cpu",
+        "gymkube_agentloop.verl_cpu",
+    )
+    assert "trainer.device=cpu" in trainer.command
+
+    # No kubelet serves this pod's log here: the run carries on without progress.
+    runs.ready_pod("on-cpu-train")
+    runs.wait_condition("on-cpu", "Running", "True", "TrainingRunning")
+    runs.finish_pod("on-cpu-train", 137, reason="OOMKilled")
+    failed = runs.wait_condition("on-cpu", "Failed", "True", "TrainerOutOfMemory")
+    assert failed["message"] == (
+        "Job on-cpu-train failed: the trainer was killed for memory (OOMKilled) "
+        "at its memory limit of 14Gi"
+    )
+    assert "progress" not in (runs.get("on-cpu") or {})["status"]
+    created = eventually("events", lambda: runs.events("on-cpu").get("TrainingCreated"))
+    assert created.startswith("created Job on-cpu-train: on CPU, grpo on /models/q")
 
 
 def test_a_failed_preflight_fails_the_run_and_asks_for_no_gpu(
@@ -590,7 +660,7 @@ def test_ttl_deletes_the_finished_run_and_its_children(kube: ControlPlane, runs:
     runs.create("kept", preflight={"enabled": False})
     eventually("the training Job", lambda: runs.job("kept-train"))
     runs.finish_pod("kept-train", 1)
-    runs.wait_condition("kept", "Failed", "True", "BackoffLimitExceeded")
+    runs.wait_condition("kept", "Failed", "True", "TrainerFailed")
     time.sleep(2)  # a few resyncs
     assert runs.get("kept") is not None
     runs.patch("kept", {"ttlSecondsAfterFinished": 1})

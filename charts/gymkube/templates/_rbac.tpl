@@ -41,6 +41,10 @@ tests/integration/test_packaging.py checks these rules against the operator's ne
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch", "delete"]
+# A running TrainingRun reads the tail of its trainer's log for the progress lines it prints.
+- apiGroups: [""]
+  resources: ["pods/log"]
+  verbs: ["get"]
 # Preflight and training Jobs (one node) and RayJobs (several nodes): server-side applied, read
 # back, watched for completion, and patched to suspend or resume them.
 - apiGroups: ["batch"]

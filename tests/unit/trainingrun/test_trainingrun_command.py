@@ -4,6 +4,7 @@ and the agent-loop YAML and CLI steps checked against the real gymkube_agentloop
 import dataclasses
 import importlib
 import importlib.util
+import inspect
 import json
 import pathlib
 import shlex
@@ -17,7 +18,7 @@ from typing import Any, get_args
 
 import pytest
 import yaml
-from gymkube_operator.trainingrun import command, lifecycle
+from gymkube_operator.trainingrun import command, device, lifecycle
 from gymkube_operator.trainingrun.command import RunTarget
 from gymkube_operator.trainingrun.models import Algorithm, TrainingRunSpec
 from hydra import compose, initialize_config_dir
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.unit
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "examples" / "trainingrun-sciworld-grpo.yaml"
+CPU_EXAMPLE = REPO / "examples" / "trainingrun-frozenlake-cpu.yaml"
 POOL_URL = "http://sciworld.rl.svc:8000"
 BIN = pathlib.Path(sys.executable).parent
 
@@ -50,8 +52,8 @@ def target(spec: dict[str, Any] | TrainingRunSpec, name: str = "sciworld-grpo") 
     )
 
 
-def example_spec() -> TrainingRunSpec:
-    docs = [d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d["kind"] == "TrainingRun"]
+def example_spec(path: pathlib.Path = EXAMPLE) -> TrainingRunSpec:
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d["kind"] == "TrainingRun"]
     return TrainingRunSpec.model_validate(docs[0]["spec"])
 
 
@@ -85,7 +87,9 @@ def test_rendered_overrides_land_in_verls_config(verl_config: Any) -> None:
     assert rollout.multi_turn.max_assistant_turns == 12
     assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (1, 4)
     assert cfg.trainer.default_local_dir == "/checkpoints/sciworld-grpo"
-    assert list(cfg.trainer.logger) == ["console"]
+    # verl's FileLogger writes the records gymkube-train turns into progress lines.
+    assert list(cfg.trainer.logger) == ["console", "file"]
+    assert cfg.trainer.device == "cuda"
     # The rollout's padding follows the data budgets verl derives it from.
     assert (rollout.prompt_length, rollout.response_length) == (2048, 8192)
 
@@ -105,15 +109,50 @@ def test_a_misspelled_user_key_fails_composition(verl_config: Any) -> None:
         verl_config(command.verl_overrides(run))
 
 
-def test_every_key_gymkube_sets_is_checked_by_verl(verl_config: Any) -> None:
+@pytest.mark.parametrize("on", ["gpu", "cpu"])
+def test_every_key_gymkube_sets_is_checked_by_verl(verl_config: Any, on: str) -> None:
     """Misspell each of gymkube's own keys in turn: verl's config rejects every one, so none of
-    them is a silently ignored addition."""
-    ours = command.verl_overrides(target({"algorithm": "gae"}))
+    them is a silently ignored addition. (`+key` ones add what verl does not define: the next
+    test shows verl reads them.)"""
+    ours = command.verl_overrides(target({"algorithm": "gae", "device": on}))
     for index, override in enumerate(ours):
         key, value = override.split("=", 1)
+        if key.startswith("+"):
+            continue
         broken = [*ours[:index], f"{key}_x={value}", *ours[index + 1 :]]
         with pytest.raises(ConfigCompositionException):
             verl_config(broken)
+
+
+def test_the_cpu_settings_land_in_verls_config(verl_config: Any) -> None:
+    import ray
+    from verl.utils.config import omega_conf_to_dataclass
+
+    run = target({"device": "cpu", "gpusPerNode": 8})
+    cfg = verl_config(command.verl_overrides(run))
+    assert (cfg.trainer.device, cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == ("cpu", 1, 1)
+    ray_init = cfg.ray_kwargs.ray_init
+    assert (ray_init.num_gpus, ray_init.num_cpus) == (1, 16)
+    # main_ppo hands ray_kwargs.ray_init to ray.init as keyword arguments.
+    assert {"num_gpus", "num_cpus"} <= set(inspect.signature(ray.init).parameters)
+    # verl's model config reads attn_implementation from override_config (flash_attention_2 when
+    # unset).
+    assert cfg.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
+    rollout_cfg = cfg.actor_rollout_ref.rollout
+    rollout = omega_conf_to_dataclass(rollout_cfg)
+    assert (rollout.enable_sleep_mode, rollout.free_cache_engine) == (False, False)
+    assert (rollout.enforce_eager, rollout.load_format) == (True, "auto")
+    assert rollout.tensor_model_parallel_size == 1
+    assert rollout.checkpoint_engine.update_weights_bucket_megabytes == 256
+    assert rollout_cfg.agent.num_workers == cfg.reward.num_workers == 1
+    actor = cfg.actor_rollout_ref.actor
+    assert (actor.strategy, actor.use_torch_compile) == ("fsdp2", False)
+    assert cfg.actor_rollout_ref.ref.use_torch_compile is False
+    assert cfg.actor_rollout_ref.model.use_remove_padding is False
+    # Each key once: the device's n_gpus_per_node replaces gpusPerNode's instead of following it.
+    rendered = command.verl_overrides(run)
+    keys = [device.override_key(o) for o in rendered]
+    assert len(keys) == len(set(keys))
 
 
 @pytest.mark.parametrize("algorithm", get_args(Algorithm))
@@ -133,13 +172,19 @@ def test_awkward_strings_survive_hydra_quoting(verl_config: Any) -> None:
     assert cfg.trainer.experiment_name == "run-1"
 
 
-def test_the_example_passes_verls_own_validation(verl_config: Any) -> None:
-    """What main_ppo checks before it starts Ray: the example's batch sizes fit 8 GPUs."""
+@pytest.mark.parametrize(
+    ("example", "gpus"), [(EXAMPLE, 8), (CPU_EXAMPLE, 1)], ids=["sciworld-gpu", "frozenlake-cpu"]
+)
+def test_the_example_passes_verls_own_validation(
+    verl_config: Any, example: pathlib.Path, gpus: int
+) -> None:
+    """What main_ppo checks before it starts Ray: the example's batch sizes fit its GPUs (on CPU,
+    the one made-up GPU)."""
     from verl.trainer.main_ppo import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
-    cfg = verl_config(command.verl_overrides(target(example_spec())))
-    assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (1, 8)
+    cfg = verl_config(command.verl_overrides(target(example_spec(example))))
+    assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (1, gpus)
     validate_config(
         config=cfg,
         use_reference_policy=need_reference_policy(cfg),

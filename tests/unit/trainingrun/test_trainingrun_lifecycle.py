@@ -8,7 +8,12 @@ import pytest
 from gymkube_operator.objects import Object
 from gymkube_operator.trainingrun import lifecycle
 from gymkube_operator.trainingrun.lifecycle import Observed, Plan, Run
-from gymkube_operator.trainingrun.models import Phase, TrainingRunSpec, TrainingRunStatus
+from gymkube_operator.trainingrun.models import (
+    Phase,
+    TrainingProgress,
+    TrainingRunSpec,
+    TrainingRunStatus,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -19,6 +24,7 @@ RUN = Run(
     uid="uid-1",
     generation=3,
     trainer_image="reg/trainer:1",
+    cpu_trainer_image="reg/trainer-cpu:1",
     preflight_image="reg/preflight:1",
     image_pull_policy="IfNotPresent",
 )
@@ -318,3 +324,180 @@ def test_rejected_child_fails_the_run_with_the_api_servers_words() -> None:
     assert condition(rejected, "Failed") == ("True", "ChildRejected")
     assert rejected.status.training is None
     assert "Duplicate" in next(c.message for c in rejected.status.conditions if c.type == "Failed")
+
+
+def message(plan: Plan, type_: str) -> str:
+    return next(c.message for c in plan.status.conditions if c.type == type_)
+
+
+def trainer_image(plan: Plan) -> str:
+    image: str = plan.create[1]["spec"]["template"]["spec"]["containers"][0]["image"]
+    return image
+
+
+def test_a_cpu_run_takes_the_cpu_trainer_image_and_says_it_trains_on_cpu() -> None:
+    gpu = step(Observed(pool=pool()), preflight={"enabled": False}, gpusPerNode=2)
+    assert trainer_image(gpu) == "reg/trainer:1"
+    assert "1 x 2 GPUs" in message(gpu, "Running")
+    cpu = step(Observed(pool=pool()), preflight={"enabled": False}, device="cpu")
+    assert trainer_image(cpu) == "reg/trainer-cpu:1"
+    assert message(cpu, "Running").startswith("created Job grpo-train: on CPU, grpo on /models/q")
+    assert "GPU" not in message(cpu, "Running")
+    own = step(Observed(pool=pool()), preflight={"enabled": False}, device="cpu", image="mine:2")
+    assert trainer_image(own) == "mine:2"
+
+
+def progress_line(step: int, **fields: Any) -> str:
+    return "gymkube-progress " + json.dumps({"step": step, **fields})
+
+
+def test_progress_is_the_last_progress_line_of_the_log() -> None:
+    log = "\n".join(
+        [
+            progress_line(1, totalSteps=4, meanReward=0.0),
+            "(TaskRunner pid=7) step:2 - critic/score/mean:0.5 ...",
+            progress_line(2, totalSteps=4, meanReward=0.5, etaSeconds=62.4),
+            "gymkube-progress {not json",
+            'gymkube-progress ["a list"]',
+            'gymkube-progress {"totalSteps": 4}',
+            'a line that mentions gymkube-progress {"step": 9} later on',
+            "",
+        ]
+    )
+    found = lifecycle.parse_progress(log)
+    assert found == TrainingProgress(step=2, total_steps=4, mean_reward=0.5, eta_seconds=62.4)
+    assert lifecycle.parse_progress("no progress yet\n") is None
+    assert lifecycle.parse_progress(None) is None
+
+
+def test_every_field_of_a_progress_line_but_the_step_may_be_null_or_absent() -> None:
+    line = progress_line(
+        1,
+        totalSteps=2,
+        meanReward=0.25,
+        stepSeconds=31.2,
+        generationSeconds=12.0,
+        updateSeconds=15.1,
+        etaSeconds=31.2,
+        checkpointStep=1,
+        checkpoint="/checkpoints/run/global_step_1",
+        time="2026-12-01T10:00:00Z",
+    )
+    full = lifecycle.parse_progress(line)
+    assert full is not None
+    assert full.to_api() == json.loads(line.removeprefix("gymkube-progress "))
+    bare = lifecycle.parse_progress(progress_line(3, meanReward=None, etaSeconds=None))
+    assert bare == TrainingProgress(step=3)
+    assert lifecycle.parse_progress(progress_line(-1)) is None
+    assert lifecycle.parse_progress('gymkube-progress {"step": 1, "meanReward": NaN}') is None
+
+
+def running_job() -> Object:
+    return job("grpo-train", active=1, ready=1, startTime="2026-05-01T11:59:00Z")
+
+
+def test_a_running_job_shows_its_progress_and_never_an_older_step() -> None:
+    assert lifecycle.reads_progress(started()) is False
+    at_two = step(
+        Observed(pool=pool(), training=running_job(), trainer_log=progress_line(2, totalSteps=5)),
+        started(),
+    )
+    assert at_two.status.progress == TrainingProgress(step=2, total_steps=5)
+    assert lifecycle.reads_progress(at_two.status)
+    # A retried pod starts again from its checkpoint, at an earlier step; an unreadable log says
+    # nothing: either way the status keeps the newest step.
+    for log in (progress_line(1, totalSteps=5), None, "starting"):
+        kept = step(Observed(pool=pool(), training=running_job(), trainer_log=log), at_two.status)
+        assert kept.status == at_two.status
+    at_three = step(
+        Observed(pool=pool(), training=running_job(), trainer_log=progress_line(3)), at_two.status
+    )
+    assert at_three.status.progress == TrainingProgress(step=3)
+    assert at_three.events == []
+
+
+def test_progress_is_read_once_more_from_the_finished_job() -> None:
+    running = step(
+        Observed(pool=pool(), training=running_job(), trainer_log=progress_line(1)), started()
+    )
+    done = job("grpo-train", ("Complete", "Completed"))
+    finished = step(
+        Observed(pool=pool(), training=done, trainer_log=progress_line(2, checkpointStep=2)),
+        running.status,
+    )
+    assert finished.status.progress == TrainingProgress(step=2, checkpoint_step=2)
+    assert not lifecycle.reads_progress(finished.status)
+
+
+def test_a_merge_patch_of_the_status_removes_progress_fields_no_longer_reported() -> None:
+    status = TrainingRunStatus(progress=TrainingProgress(step=2, total_steps=5))
+    patch = status.to_patch()
+    assert patch["progress"]["step"] == 2
+    assert patch["progress"]["etaSeconds"] is None
+    assert "progress" not in TrainingRunStatus().to_patch()
+
+
+def trainer_pod(terminated: dict[str, Any] | None, memory: str | None = "14Gi") -> Object:
+    limits = {"memory": memory} if memory else {}
+    return {
+        "metadata": {"name": "grpo-train-abcde"},
+        "spec": {"containers": [{"name": "trainer", "resources": {"limits": limits}}]},
+        "status": {
+            "containerStatuses": [
+                {"name": "trainer", "state": {"terminated": terminated} if terminated else {}}
+            ]
+        },
+    }
+
+
+def failed_with(pod: Object | None, reason: str = "BackoffLimitExceeded") -> Plan:
+    failed = job("grpo-train", ("Failed", reason))
+    return step(Observed(pool=pool(), training=failed, trainer_pod=pod), started())
+
+
+def test_a_failed_trainer_says_why_in_its_own_last_line() -> None:
+    said = (
+        "Traceback (most recent call last):\n  ...\nValueError:   batch size 3   is not divisible"
+    )
+    plan = failed_with(trainer_pod({"exitCode": 1, "reason": "Error", "message": said}))
+    assert condition(plan, "Failed") == ("True", "TrainerFailed")
+    assert message(plan, "Failed") == (
+        "Job grpo-train failed: the trainer exited with code 1: "
+        "ValueError: batch size 3 is not divisible"
+    )
+    (event,) = plan.events
+    assert (event.type, event.reason) == ("Warning", "TrainerFailed")
+
+
+def test_a_long_trainer_line_is_cut_to_one_readable_line() -> None:
+    plan = failed_with(trainer_pod({"exitCode": 2, "message": "RuntimeError: " + "x" * 5000}))
+    line = message(plan, "Failed").split("code 2: ", 1)[1]
+    assert len(line) == lifecycle.MAX_TRAINER_LINE
+    assert line.startswith("RuntimeError: xxx")
+    assert line.endswith("…")
+    assert "\n" not in message(plan, "Failed")
+
+
+def test_a_trainer_killed_for_memory_says_so_with_its_limit() -> None:
+    plan = failed_with(trainer_pod({"exitCode": 137, "reason": "OOMKilled"}))
+    assert condition(plan, "Failed") == ("True", "TrainerOutOfMemory")
+    assert message(plan, "Failed") == (
+        "Job grpo-train failed: the trainer was killed for memory (OOMKilled) "
+        "at its memory limit of 14Gi"
+    )
+    unlimited = failed_with(trainer_pod({"exitCode": 137, "reason": "OOMKilled"}, memory=None))
+    assert "no memory limit set" in message(unlimited, "Failed")
+
+
+def test_the_jobs_own_failure_reason_wins_over_the_trainers_exit() -> None:
+    # The Job controller killed the trainer at its deadline: that is the cause, not the exit code.
+    pod = trainer_pod({"exitCode": 137, "reason": "Error", "message": "step 7 of 10"})
+    plan = failed_with(pod, reason="DeadlineExceeded")
+    assert condition(plan, "Failed") == ("True", "DeadlineExceeded")
+    assert message(plan, "Failed") == (
+        "Job grpo-train failed: Failed because DeadlineExceeded; the trainer's last line: "
+        "step 7 of 10"
+    )
+    # No pod (deleted, or never started): the Job's words alone.
+    assert condition(failed_with(None), "Failed") == ("True", "BackoffLimitExceeded")
+    assert condition(failed_with(trainer_pod(None)), "Failed") == ("True", "BackoffLimitExceeded")

@@ -1,11 +1,12 @@
 """The pure builders: a TrainingRun becomes the preflight Job, ConfigMap and Job or RayJob a
 user expects."""
 
+import copy
 import shlex
 from typing import Any
 
 import pytest
-from gymkube_operator.trainingrun import command, render
+from gymkube_operator.trainingrun import command, device, render
 from gymkube_operator.trainingrun.command import RunTarget
 from gymkube_operator.trainingrun.models import TrainingRunSpec
 
@@ -59,10 +60,26 @@ def test_one_node_is_a_batch_job_owned_by_the_run() -> None:
     pod = spec["template"]["spec"]
     assert pod["restartPolicy"] == "Never"
     (trainer,) = pod["containers"]
-    assert trainer["command"] == command.verl_command(target(gpusPerNode=4))
+    assert trainer["command"] == command.trainer_command(target(gpusPerNode=4))
     assert trainer["resources"]["limits"]["nvidia.com/gpu"] == 4
     assert trainer["imagePullPolicy"] == "Always"
     assert {"name": "GYMKUBE_ENV_URL", "value": POOL_URL} in trainer["env"]
+
+
+def test_a_one_node_trainer_runs_verl_through_gymkube_train() -> None:
+    run = target(gpusPerNode=2)
+    (trainer,) = render.training_job(run)["spec"]["template"]["spec"]["containers"]
+    assert trainer["command"] == [
+        "gymkube-train",
+        "--checkpoint-dir",
+        "/checkpoints/grpo",
+        "--model-path",
+        "/models/Qwen2.5-7B-Instruct",
+        "--",
+        *command.verl_command(run),
+    ]
+    # gymkube-train writes the trainer's last error line; a crash before it falls back to logs.
+    assert trainer["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
 
 def test_trainer_pod_has_shm_data_config_model_and_checkpoints() -> None:
@@ -156,6 +173,7 @@ def test_several_nodes_are_a_rayjob_with_a_gpu_head_and_workers() -> None:
         (container,) = pod["containers"]
         assert container["resources"]["limits"]["nvidia.com/gpu"] == 8
         assert "command" not in container  # KubeRay starts Ray itself
+        assert "terminationMessagePolicy" not in container
         assert [c["name"] for c in pod["initContainers"]] == ["dataset-train", "dataset-val"]
         assert by_name(pod["volumes"])["shm"]["emptyDir"]["medium"] == "Memory"
         assert "restartPolicy" not in pod
@@ -201,3 +219,40 @@ def test_a_preflight_mounts_the_runs_config_map_only_for_its_own_templates() -> 
     mounts = by_name(own["containers"][0]["volumeMounts"])
     assert mounts["agent-loop"]["mountPath"] == command.CONFIG_DIR
     assert f"{command.CONFIG_DIR}/{command.TEMPLATES_FILE}" in own["containers"][0]["command"]
+
+
+def trainer_of(job: dict[str, Any]) -> dict[str, Any]:
+    (trainer,) = job["spec"]["template"]["spec"]["containers"]
+    return dict(trainer)
+
+
+def test_cpu_and_gpu_renderings_of_one_spec_differ_by_the_device_settings_alone() -> None:
+    """The same spec on both devices: the CPU Job is the GPU Job with the device's environment
+    in the trainer container, its overrides in verl's command (one replacing gpusPerNode's), and
+    no GPU limit. Nothing else differs: not the dataset steps, volumes or anything in the pod."""
+    same = {"gpusPerNode": 8, "resources": {"limits": {"memory": "14Gi"}}, "overrides": ["x.y=1"]}
+    gpu = render.training_job(target(**same))
+    cpu = render.training_job(target(**same, device="cpu"))
+    gpu_trainer, cpu_trainer = trainer_of(gpu), trainer_of(cpu)
+
+    assert cpu_trainer["env"] == gpu_trainer["env"] + [
+        {"name": name, "value": value} for name, value in device.CPU_ENV.items()
+    ]
+    assert "CUDA_VISIBLE_DEVICES" not in device.CPU_ENV
+    assert gpu_trainer["resources"]["limits"] == {"memory": "14Gi", "nvidia.com/gpu": 8}
+    assert cpu_trainer["resources"]["limits"] == {"memory": "14Gi"}
+
+    gpu_command, cpu_command = gpu_trainer["command"], cpu_trainer["command"]
+    assert [a for a in cpu_command if a not in gpu_command] == list(device.CPU_OVERRIDES)
+    assert [a for a in gpu_command if a not in cpu_command] == ["trainer.n_gpus_per_node=8"]
+    # The device's settings come after gymkube's own and before the user's, which still win.
+    assert cpu_command[-1 - len(device.CPU_OVERRIDES) : -1] == list(device.CPU_OVERRIDES)
+    assert cpu_command[-1] == "x.y=1"
+
+    def rest(job: dict[str, Any]) -> dict[str, Any]:
+        other = copy.deepcopy(job)
+        for key in ("env", "command", "resources"):
+            del other["spec"]["template"]["spec"]["containers"][0][key]
+        return other
+
+    assert rest(cpu) == rest(gpu)

@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from gymkube_operator.trainingrun import device
 from gymkube_operator.trainingrun.models import TrainingRunSpec
 
 # Where things live inside every trainer pod.
@@ -35,6 +36,10 @@ AGENT_LOOP_NAME = "gymkube_env"
 MIN_TOKENS_PER_GPU = 16384
 
 VERL_ENTRYPOINT = ("python3", "-m", "verl.trainer.main_ppo")
+# gymkube-agentloop's wrapper around verl's trainer in a one-node Job: it checks the model path,
+# prints `gymkube-progress` lines from verl's FileLogger and writes the trainer's last error line
+# to the termination log.
+TRAIN_WRAPPER = "gymkube-train"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +73,8 @@ def hydra_list(values: list[str]) -> str:
 
 
 def verl_overrides(target: RunTarget) -> list[str]:
-    """gymkube's overrides for verl.trainer.main_ppo, then the user's own (last one wins)."""
+    """gymkube's overrides for verl.trainer.main_ppo, then the device's, then the user's own
+    (last one wins)."""
     spec = target.spec
     loop = spec.agent_loop
     rollout = "actor_rollout_ref.rollout"
@@ -98,17 +104,35 @@ def verl_overrides(target: RunTarget) -> list[str]:
         f"trainer.default_local_dir={hydra_string(target.checkpoint_dir)}",
         "trainer.project_name=gymkube",
         f"trainer.experiment_name={hydra_string(target.name)}",
-        # verl's default logger list includes wandb, which fails without an API key.
-        f"trainer.logger={hydra_list(['console'])}",
+        # verl's default logger list includes wandb, which fails without an API key; gymkube-train
+        # reads the file logger's records (it sets VERL_FILE_LOGGER_PATH).
+        f"trainer.logger={hydra_list(['console', 'file'])}",
     ]
     if spec.algorithm == "gae":
         # PPO trains a critic; verl's default critic path is a placeholder model.
         ours.append(f"critic.model.path={hydra_string(spec.model.path)}")
-    return ours + list(spec.overrides)
+    # Each key once: a device setting replaces gymkube's own value in place of adding a second.
+    extra = device.overrides(spec.device)
+    replaced = {device.override_key(o) for o in extra}
+    ours = [o for o in ours if device.override_key(o) not in replaced]
+    return ours + extra + list(spec.overrides)
 
 
 def verl_command(target: RunTarget) -> list[str]:
     return [*VERL_ENTRYPOINT, *verl_overrides(target)]
+
+
+def trainer_command(target: RunTarget) -> list[str]:
+    """The trainer container's command in a one-node Job: verl's, run by gymkube-train."""
+    return [
+        TRAIN_WRAPPER,
+        "--checkpoint-dir",
+        target.checkpoint_dir,
+        "--model-path",
+        target.spec.model.path,
+        "--",
+        *verl_command(target),
+    ]
 
 
 def verl_entrypoint(target: RunTarget) -> str:

@@ -25,27 +25,48 @@ logger = logging.getLogger(__name__)
 RunKey = tuple[str, str]
 # After a failed API call the daemon tries again this much later.
 RETRY_SECONDS = 5.0
+# How much of the trainer's log a reconcile reads for its last progress line: many steps' output.
+LOG_TAIL_LINES = 2000
+
+
+async def _job_pods(rt: Runtime, namespace: str, job: str) -> list[Object]:
+    """The Job's pods, newest first."""
+    pods = await rt.client.list("v1", "Pod", namespace, f"batch.kubernetes.io/job-name={job}")
+    pods.sort(key=lambda pod: pod["metadata"].get("creationTimestamp", ""), reverse=True)
+    return pods
 
 
 async def _termination_message(rt: Runtime, namespace: str, job: str) -> str | None:
     """The preflight container's termination message from the Job's newest finished pod."""
-    pods = await rt.client.list("v1", "Pod", namespace, f"batch.kubernetes.io/job-name={job}")
-    pods.sort(key=lambda pod: pod["metadata"].get("creationTimestamp", ""), reverse=True)
-    for pod in pods:
-        for container in pod.get("status", {}).get("containerStatuses", []) or []:
-            if container.get("name") != render.PREFLIGHT:
-                continue
-            terminated = (container.get("state") or {}).get("terminated") or {}
-            if "message" in terminated:
-                message: str = terminated["message"]
-                return message
+    for pod in await _job_pods(rt, namespace, job):
+        status = lifecycle.container_status(pod, render.PREFLIGHT) or {}
+        terminated = (status.get("state") or {}).get("terminated") or {}
+        if "message" in terminated:
+            message: str = terminated["message"]
+            return message
     return None
+
+
+async def _trainer(rt: Runtime, namespace: str, job: str) -> tuple[Object | None, str | None]:
+    """The training Job's newest pod, and the tail of its trainer's log once the trainer started
+    (None when the kubelet cannot give it now: progress waits for the next read)."""
+    pods = await _job_pods(rt, namespace, job)
+    newest = pods[0] if pods else None
+    if newest is None or not lifecycle.trainer_started(newest):
+        return newest, None
+    pod = newest["metadata"]["name"]
+    try:
+        return newest, await rt.client.pod_log(namespace, pod, render.TRAINER, LOG_TAIL_LINES)
+    except (KubeError, aiohttp.ClientError, TimeoutError) as error:
+        logger.warning("no trainer log from pod %s/%s: %s", namespace, pod, error)
+        return newest, None
 
 
 async def observe(
     rt: Runtime, name: str, namespace: str, spec: TrainingRunSpec, status: TrainingRunStatus
 ) -> lifecycle.Observed:
-    """Read the pool and the run's children: fixed names, one GET each."""
+    """Read the pool and the run's children (fixed names, one GET each), and for a training Job
+    its newest pod and trainer log."""
     pool = await rt.client.get(API_VERSION, "EnvPool", namespace, spec.env_pool_ref.name)
     if status.training is not None:
         api_version, kind = status.training.api_version, status.training.kind
@@ -54,9 +75,11 @@ async def observe(
     rayjob_served = None
     if kind == "RayJob":
         rayjob_served = await rt.client.served(render.RAYJOB_API, "rayjobs")
-    training = None
+    training = trainer_pod = trainer_log = None
     if rayjob_served is not False:
         training = await rt.client.get(api_version, kind, namespace, render.training_name(name))
+    if training is not None and kind == "Job":
+        trainer_pod, trainer_log = await _trainer(rt, namespace, render.training_name(name))
     preflight_job = message = None
     if spec.preflight.enabled and training is None:
         job_name = render.preflight_job_name(name)
@@ -68,6 +91,8 @@ async def observe(
         preflight_job=preflight_job,
         preflight_message=message,
         training=training,
+        trainer_pod=trainer_pod,
+        trainer_log=trainer_log,
         rayjob_served=rayjob_served,
     )
 
@@ -115,6 +140,7 @@ async def reconcile(rt: Runtime, namespace: str, name: str) -> lifecycle.Plan | 
         uid=meta["uid"],
         generation=meta.get("generation", 1),
         trainer_image=rt.settings.trainer_image,
+        cpu_trainer_image=rt.settings.cpu_trainer_image,
         preflight_image=rt.settings.preflight_image,
         image_pull_policy=rt.settings.image_pull_policy,
     )
@@ -124,7 +150,7 @@ async def reconcile(rt: Runtime, namespace: str, name: str) -> lifecycle.Plan | 
         observed = await observe(rt, name, namespace, spec, previous)
     plan = await _carry_out(rt, run, lifecycle.plan(identity, spec, previous, observed, _now()))
     if plan.status != previous:
-        await rt.client.patch_status(API_VERSION, KIND, namespace, name, plan.status.to_api())
+        await rt.client.patch_status(API_VERSION, KIND, namespace, name, plan.status.to_patch())
     body = cast(kopf.Body, run)
     for event in plan.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
@@ -194,6 +220,12 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
                         # A finished run without a TTL is a record: only an edit (say, a TTL
                         # added later) wakes it.
                         delay = None
+                    elif lifecycle.reads_progress(plan.status):
+                        # No watch event tells of a new step: the trainer's log is read this often.
+                        delay = min(
+                            rt.settings.trainingrun_resync_seconds,
+                            rt.settings.trainingrun_progress_seconds,
+                        )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(
                         event.wait(), timeout=None if delay is None else max(delay, 0.1)

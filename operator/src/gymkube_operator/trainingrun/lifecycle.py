@@ -10,6 +10,8 @@ import json
 import re
 from typing import Any
 
+from pydantic import ValidationError
+
 from gymkube_operator.conditions import (
     Condition,
     ConditionStatus,
@@ -18,12 +20,13 @@ from gymkube_operator.conditions import (
     set_condition,
 )
 from gymkube_operator.objects import Object
-from gymkube_operator.trainingrun import render
+from gymkube_operator.trainingrun import device, render
 from gymkube_operator.trainingrun.command import RunTarget
 from gymkube_operator.trainingrun.models import (
     ChildRef,
     Phase,
     PreflightStatus,
+    TrainingProgress,
     TrainingRunSpec,
     TrainingRunStatus,
 )
@@ -45,6 +48,10 @@ _PHASE_CONDITIONS = (
     (SUSPENDED, (Phase.SUSPENDED, Phase.QUEUED)),
 )
 _REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+# What gymkube-train prints on the trainer's stdout after every step: this, then one JSON object.
+PROGRESS_PREFIX = "gymkube-progress "
+# A failed trainer's own words in the Failed condition: one line of at most this many characters.
+MAX_TRAINER_LINE = 300
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +63,7 @@ class Run:
     uid: str
     generation: int
     trainer_image: str
+    cpu_trainer_image: str
     preflight_image: str
     image_pull_policy: str
 
@@ -69,6 +77,9 @@ class Observed:
     # The preflight container's termination message (its JSON summary, or a log tail).
     preflight_message: str | None = None
     training: Object | None = None
+    # The training Job's newest pod, and the tail of its trainer container's log once it started.
+    trainer_pod: Object | None = None
+    trainer_log: str | None = None
     # Whether the API server serves ray.io/v1 RayJob; None when nobody asked (nodes = 1).
     rayjob_served: bool | None = None
 
@@ -106,6 +117,15 @@ class _Outcome:
 def reason_word(text: str | None, fallback: str) -> str:
     """A condition reason: the child's own when it is CamelCase, else the fallback."""
     return text if text and _REASON.match(text) and len(text) <= 1024 else fallback
+
+
+def reads_progress(status: TrainingRunStatus) -> bool:
+    """Whether the run's trainer is running in a one-node Job, whose log holds its progress."""
+    return (
+        status.phase == Phase.RUNNING
+        and status.training is not None
+        and status.training.kind == "Job"
+    )
 
 
 def is_finished(status: TrainingRunStatus) -> bool:
@@ -163,7 +183,89 @@ def parse_summary(message: str | None) -> tuple[dict[str, Any] | None, str | Non
     return None, message.strip()[-2000:]
 
 
-def _job_outcome(job: Object, spec: TrainingRunSpec) -> _Outcome:
+def parse_progress(log: str | None) -> TrainingProgress | None:
+    """The last well-formed `gymkube-progress {json}` line of the trainer's log, if any."""
+    for line in reversed((log or "").splitlines()):
+        line = line.strip()
+        if not line.startswith(PROGRESS_PREFIX):
+            continue
+        try:
+            return TrainingProgress.model_validate_json(line.removeprefix(PROGRESS_PREFIX))
+        except ValidationError:
+            continue
+    return None
+
+
+def newer_progress(
+    previous: TrainingProgress | None, found: TrainingProgress | None
+) -> TrainingProgress | None:
+    """What status.progress shows: the found line, unless it is of an earlier step (a retried pod
+    starting again from its checkpoint) or there is none."""
+    if found is None or (previous is not None and found.step < previous.step):
+        return previous
+    return found
+
+
+def container_status(pod: Object | None, name: str) -> Object | None:
+    for status in (pod or {}).get("status", {}).get("containerStatuses", []) or []:
+        if status.get("name") == name:
+            found: Object = status
+            return found
+    return None
+
+
+def trainer_started(pod: Object) -> bool:
+    """Whether the trainer container has started, so that it has a log to read."""
+    state = (container_status(pod, render.TRAINER) or {}).get("state") or {}
+    return "running" in state or "terminated" in state
+
+
+def one_line(text: str | None) -> str | None:
+    """The last non-blank line of a message, its whitespace collapsed and cut to fit."""
+    lines = [" ".join(line.split()) for line in (text or "").splitlines()]
+    last = next((line for line in reversed(lines) if line), None)
+    if last is None or len(last) <= MAX_TRAINER_LINE:
+        return last
+    return last[: MAX_TRAINER_LINE - 1] + "…"
+
+
+def _memory_limit(pod: Object | None) -> str | None:
+    for container in (pod or {}).get("spec", {}).get("containers", []) or []:
+        if container.get("name") == render.TRAINER:
+            limit = ((container.get("resources") or {}).get("limits") or {}).get("memory")
+            return None if limit is None else str(limit)
+    return None
+
+
+def trainer_failure(job: Object, failed: Object, pod: Object | None) -> tuple[str, str]:
+    """(reason, message) of a failed training Job: the trainer container's own cause where its
+    pod says one (killed for memory, or exited with its last line), else the Job's."""
+    name = job["metadata"]["name"]
+    state = (container_status(pod, render.TRAINER) or {}).get("state") or {}
+    terminated = state.get("terminated") or {}
+    line = one_line(terminated.get("message"))
+    said = f": {line}" if line else ""
+    if terminated.get("reason") == "OOMKilled":
+        limit = _memory_limit(pod)
+        where = (
+            f"at its memory limit of {limit}"
+            if limit
+            else "with no memory limit set (its node ran out)"
+        )
+        killed = f"the trainer was killed for memory (OOMKilled) {where}"
+        return "TrainerOutOfMemory", f"Job {name} failed: {killed}"
+    job_reason = failed.get("reason")
+    # A Job gives up with BackoffLimitExceeded because its pods failed: the trainer says why.
+    # Other reasons (DeadlineExceeded, ...) are the Job's own doing.
+    if terminated.get("exitCode", 0) != 0 and job_reason in (None, "BackoffLimitExceeded"):
+        code = terminated["exitCode"]
+        return "TrainerFailed", f"Job {name} failed: the trainer exited with code {code}{said}"
+    detail = failed.get("message") or job_reason or "no detail"
+    last = f"; the trainer's last line: {line}" if line else ""
+    return reason_word(job_reason, "TrainingFailed"), f"Job {name} failed: {detail}{last}"
+
+
+def _job_outcome(job: Object, spec: TrainingRunSpec, pod: Object | None) -> _Outcome:
     status = job.get("status", {}) or {}
     name = job["metadata"]["name"]
     start = status.get("startTime")
@@ -176,13 +278,8 @@ def _job_outcome(job: Object, spec: TrainingRunSpec) -> _Outcome:
             status.get("completionTime") or done.get("lastTransitionTime"),
         )
     if (failed := _true(job, "Failed")) is not None:
-        return _Outcome(
-            Phase.FAILED,
-            reason_word(failed.get("reason"), "TrainingFailed"),
-            f"Job {name} failed: {failed.get('message') or failed.get('reason') or 'no detail'}",
-            start,
-            failed.get("lastTransitionTime"),
-        )
+        reason, message = trainer_failure(job, failed, pod)
+        return _Outcome(Phase.FAILED, reason, message, start, failed.get("lastTransitionTime"))
     if render.child_suspended(job) or _true(job, "Suspended") is not None:
         return _suspended(spec, f"Job {name}")
     # `active` counts pending pods too; a trainer is running once its pod is ready.
@@ -365,7 +462,7 @@ def plan(
     writer.condition(ENV_POOL_READY, TRUE if ready else FALSE, reason, message)
 
     if observed.training is not None:
-        return _follow_child(spec, observed.training, writer, now)
+        return _follow_child(spec, observed, writer, now)
 
     if not ready:
         return done(_Outcome(Phase.WAITING_FOR_ENV_POOL, reason, message))
@@ -380,7 +477,8 @@ def plan(
         spec=spec,
         pool_url=observed.pool["status"]["url"],
         env=observed.pool.get("spec", {}).get("env", ""),
-        trainer_image=spec.image or run.trainer_image,
+        trainer_image=spec.image
+        or (run.cpu_trainer_image if spec.device == "cpu" else run.trainer_image),
         preflight_image=spec.preflight.image or run.preflight_image,
         image_pull_policy=run.image_pull_policy,
     )
@@ -423,7 +521,7 @@ def plan(
     created = _Outcome(
         Phase.QUEUED if spec.queue_name else Phase.STARTING,
         "WaitingForAdmission" if spec.queue_name else "TrainingCreated",
-        f"created {kind} {child_name}: {spec.nodes} x {spec.gpus_per_node} GPUs, "
+        f"created {kind} {child_name}: {device.describe(spec)}, "
         f"{spec.algorithm} on {spec.model.path}"
         + (f", queued in {spec.queue_name}" if spec.queue_name else ""),
     )
@@ -431,14 +529,20 @@ def plan(
 
 
 def _follow_child(
-    spec: TrainingRunSpec, child: Object, writer: _Writer, now: datetime.datetime
+    spec: TrainingRunSpec, observed: Observed, writer: _Writer, now: datetime.datetime
 ) -> Plan:
-    """The training child exists: mirror it, and hand it spec.suspend."""
-    outcome = _job_outcome(child, spec) if child["kind"] == "Job" else _rayjob_outcome(child, spec)
+    """The training child exists: mirror it and its trainer's progress, and hand it spec.suspend."""
+    child = observed.training
+    assert child is not None
+    if child["kind"] == "Job":
+        outcome = _job_outcome(child, spec, observed.trainer_pod)
+    else:
+        outcome = _rayjob_outcome(child, spec)
     writer.update(
         training=ChildRef(
             api_version=child["apiVersion"], kind=child["kind"], name=child["metadata"]["name"]
-        )
+        ),
+        progress=newer_progress(writer.status.progress, parse_progress(observed.trainer_log)),
     )
     writer.phase(outcome)
     suspend: bool | None = None

@@ -1,7 +1,7 @@
 """The TrainingRun resource: spec and status models. The CRD schema is generated from these."""
 
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -38,6 +38,9 @@ Algorithm = Literal[
 # One Hydra override: key=value, +key=value (add), ++key=value (force) or ~key (delete).
 OVERRIDE_PATTERN = r"^(~[A-Za-z_][A-Za-z0-9_.@/-]*(=.*)?|(\+\+|\+)?[A-Za-z_][A-Za-z0-9_.@/-]*=.*)$"
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+# What the trainer computes on (gymkube_operator.trainingrun.device holds what cpu changes).
+Device = Literal["gpu", "cpu"]
 
 
 class EnvPoolRef(CamelModel):
@@ -134,6 +137,15 @@ class PreflightSpec(CamelModel):
 class TrainingRunSpec(CamelModel):
     """What a user asks for: a verl job on N nodes x G GPUs whose agent loop plays an EnvPool."""
 
+    model_config = ConfigDict(
+        json_schema_extra=validation_rules(
+            (
+                "self.device != 'cpu' || self.nodes == 1",
+                "device cpu trains on one node: set nodes to 1 (or use device gpu)",
+            ),
+        )
+    )
+
     env_pool_ref: EnvPoolRef = Field(description="The EnvPool the agent loop plays.")
     image: str | None = Field(
         None, min_length=1, description="Trainer image (verl + vLLM + gymkube-agentloop)."
@@ -143,6 +155,13 @@ class TrainingRunSpec(CamelModel):
         1, ge=1, le=1024, description="1 renders a batch Job; more render a KubeRay RayJob."
     )
     gpus_per_node: int = Field(8, ge=1, le=64, description="nvidia.com/gpu per node.")
+    device: Device = Field(
+        "gpu",
+        description=(
+            "gpu: nvidia.com/gpu x gpusPerNode per node; cpu: verl on CPU (gymkube's CPU support "
+            "for verl), one node, gpusPerNode ignored."
+        ),
+    )
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements,
         description="CPU and memory of each trainer pod; GPUs come from gpusPerNode.",
@@ -221,6 +240,26 @@ class PreflightStatus(CamelModel):
     message: str | None = Field(None, description="Output when the summary was not JSON.")
 
 
+class TrainingProgress(CamelModel):
+    """The trainer's last `gymkube-progress` line: where training is, from verl's own metrics."""
+
+    # Read from a log line: whatever passes here must also pass the API server's status schema.
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    step: int = Field(ge=0, description="The training step last finished.")
+    total_steps: int | None = Field(None, ge=0, description="Steps the run trains in all.")
+    mean_reward: float | None = Field(None, description="Mean reward of that step's rollouts.")
+    step_seconds: float | None = Field(None, description="How long that step took.")
+    generation_seconds: float | None = Field(None, description="Its rollout generation time.")
+    update_seconds: float | None = Field(None, description="Its actor update time.")
+    eta_seconds: float | None = Field(None, description="Estimated seconds left.")
+    checkpoint_step: int | None = Field(None, ge=0, description="Step of the last checkpoint.")
+    checkpoint: str | None = Field(
+        None, max_length=4096, description="Directory of the last checkpoint."
+    )
+    time: str | None = Field(None, max_length=64, description="When the trainer reported it.")
+
+
 class TrainingRunStatus(CamelModel):
     """What the operator observed, computed from the pool and the children."""
 
@@ -228,6 +267,9 @@ class TrainingRunStatus(CamelModel):
     env_pool_url: str | None = Field(None, description="The pool URL the run uses.")
     training: ChildRef | None = Field(None, description="The training Job or RayJob.")
     preflight: PreflightStatus | None = Field(None, description="Preflight result.")
+    progress: TrainingProgress | None = Field(
+        None, description="The trainer's last reported step (one-node runs)."
+    )
     start_time: Timestamp | None = Field(None, description="When the training child started.")
     completion_time: Timestamp | None = Field(None, description="When the run ended.")
     observed_generation: int = Field(0, ge=0, description="The spec generation last acted on.")
@@ -239,3 +281,11 @@ class TrainingRunStatus(CamelModel):
         ),
         json_schema_extra=CONDITIONS_SCHEMA_EXTRA,
     )
+
+    def to_patch(self) -> dict[str, Any]:
+        """The status as a JSON merge patch body: progress fields no longer reported are nulled,
+        so the patch removes them instead of keeping an older step's values."""
+        patch = self.to_api()
+        if self.progress is not None:
+            patch["progress"] = self.progress.model_dump(by_alias=True, mode="json")
+        return patch

@@ -10,7 +10,7 @@ from gymkube_operator.objects import (
     Owner,
     merge,
 )
-from gymkube_operator.trainingrun import command
+from gymkube_operator.trainingrun import command, device
 from gymkube_operator.trainingrun.command import RunTarget
 from gymkube_operator.trainingrun.models import KIND
 
@@ -165,32 +165,29 @@ def dataset_containers(target: RunTarget, mounts: list[Object]) -> list[Object]:
     ]
 
 
-def trainer_container(
-    target: RunTarget, name: str, mounts: list[Object], args: list[str] | None
-) -> Object:
+def trainer_container(target: RunTarget, name: str, mounts: list[Object], fields: Object) -> Object:
+    """The trainer container: the device's environment and limits, then `fields` (a command)."""
     spec = target.spec
     resources = spec.resources.to_api()
-    limits = {**resources.get("limits", {}), "nvidia.com/gpu": spec.gpus_per_node}
+    limits = {**resources.get("limits", {}), **device.limits(spec)}
     container: Object = {
         "name": name,
         "image": target.trainer_image,
         "imagePullPolicy": target.image_pull_policy,
-        "env": _env(target),
+        "env": _env(target) + device.env(spec.device),
         "resources": {**resources, "limits": limits},
         "volumeMounts": mounts,
     }
-    if args is not None:
-        container["command"] = args
-    return container
+    return container | fields
 
 
-def trainer_pod_spec(target: RunTarget, container_name: str, args: list[str] | None) -> Object:
-    """A trainer pod: dataset init containers, then one GPU container; podTemplate merged last."""
+def trainer_pod_spec(target: RunTarget, container_name: str, fields: Object) -> Object:
+    """A trainer pod: dataset init containers, then the trainer; podTemplate merged last."""
     volumes, mounts = _volumes(target)
     pod: Object = {
         "securityContext": {"fsGroup": IMAGE_UID, "fsGroupChangePolicy": "OnRootMismatch"},
         "initContainers": dataset_containers(target, mounts),
-        "containers": [trainer_container(target, container_name, mounts, args)],
+        "containers": [trainer_container(target, container_name, mounts, fields)],
         "volumes": volumes,
     }
     merged: Object = merge(pod, target.spec.pod_template)
@@ -211,7 +208,13 @@ def _starts_suspended(target: RunTarget) -> bool:
 
 def training_job(target: RunTarget) -> Object:
     spec = target.spec
-    pod = trainer_pod_spec(target, TRAINER, command.verl_command(target))
+    trainer = {
+        "command": command.trainer_command(target),
+        # gymkube-train writes the trainer's last error line; should it not (a crash before it
+        # starts), the log tail explains instead.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    pod = trainer_pod_spec(target, TRAINER, trainer)
     pod["restartPolicy"] = "Never"
     job_spec: Object = {
         "backoffLimit": spec.backoff_limit,
@@ -247,7 +250,7 @@ def training_rayjob(target: RunTarget) -> Object:
                 "rayStartParams": {"dashboard-host": "0.0.0.0"},
                 "template": {
                     "metadata": {"labels": pod_labels},
-                    "spec": trainer_pod_spec(target, "ray-head", None),
+                    "spec": trainer_pod_spec(target, "ray-head", {}),
                 },
             },
             "workerGroupSpecs": [
@@ -259,7 +262,7 @@ def training_rayjob(target: RunTarget) -> Object:
                     "rayStartParams": {},
                     "template": {
                         "metadata": {"labels": pod_labels},
-                        "spec": trainer_pod_spec(target, "ray-worker", None),
+                        "spec": trainer_pod_spec(target, "ray-worker", {}),
                     },
                 }
             ],

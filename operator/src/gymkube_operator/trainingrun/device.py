@@ -1,0 +1,92 @@
+"""What `spec.device` changes in a TrainingRun's trainer: one named set of differences.
+
+A gpu run is verl as it comes, with nvidia.com/gpu x gpusPerNode per pod. A cpu run is the same
+rendered command on one node with no GPU: gymkube's CPU support for verl
+(gymkube_agentloop.verl_cpu, loaded through verl's plugin hook) and the settings below, nothing
+else. Pure data and functions, so the difference is tested without a cluster (and the overrides
+against verl 0.9.1's own Hydra config).
+"""
+
+from gymkube_operator.objects import Object
+from gymkube_operator.trainingrun.models import Device, TrainingRunSpec
+
+GPU_RESOURCE = "nvidia.com/gpu"
+
+# The trainer container's environment on CPU (the dataset steps need none of it).
+CPU_ENV: dict[str, str] = {
+    # verl imports this module in every process it starts: it registers the cpu platform...
+    "VERL_USE_EXTERNAL_MODULES": "gymkube_agentloop.verl_cpu",
+    # ...which this selects (verl falls back to nvidia when no accelerator is found).
+    "VERL_PLATFORM": "cpu",
+    # verl registers its FSDP engine for cuda and npu only; picked so, it runs on the cpu platform.
+    "VERL_ENGINE_DEVICE": "cuda",
+    # vLLM's CPU KV cache in GiB: its default (4) is most of a small pod's memory.
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    # torch.compile on CPU compiles C++ per shape for minutes; eager is enough for small models.
+    "TORCH_COMPILE_DISABLE": "1",
+    # The model is a local directory (the CPU trainer image ships one): no hub lookups.
+    "HF_HUB_OFFLINE": "1",
+}
+
+# Hydra overrides on CPU, after gymkube's own (replacing any of its keys) and before the user's.
+CPU_OVERRIDES: tuple[str, ...] = (
+    # Tensors and process groups on the CPU.
+    "trainer.device=cpu",
+    # verl makes its resource pools with use_gpu=True: one worker on one made-up GPU (below).
+    "trainer.n_gpus_per_node=1",
+    # The made-up GPU: Ray finds none on this node, and verl's pools would never fit.
+    "+ray_kwargs.ray_init.num_gpus=1",
+    # Logical CPUs for Ray's scheduling, so verl's actors fit however few cores the pod has.
+    "ray_kwargs.ray_init.num_cpus=16",
+    # verl's default attention, flash_attention_2, is CUDA-only.
+    "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+    # The actor engine that trained on CPU.
+    "actor_rollout_ref.actor.strategy=fsdp2",
+    # Removing padding relies on flash-attention's varlen kernels.
+    "actor_rollout_ref.model.use_remove_padding=false",
+    # No CUDA graphs on CPU.
+    "actor_rollout_ref.rollout.enforce_eager=true",
+    # Freeing vLLM's cache between steps needs sleep mode, which is off (next).
+    "actor_rollout_ref.rollout.free_cache_engine=false",
+    # vLLM's sleep mode is built on CUDA memory pools.
+    "+actor_rollout_ref.rollout.enable_sleep_mode=false",
+    # vLLM loads the model's weights from disk, not verl's dummy ones until the first sync.
+    "actor_rollout_ref.rollout.load_format=auto",
+    # No torch.compile in the actor or the reference model (as TORCH_COMPILE_DISABLE).
+    "actor_rollout_ref.actor.use_torch_compile=false",
+    "actor_rollout_ref.ref.use_torch_compile=false",
+    # The weight sync's /dev/shm bucket: verl's 2048 MB overfills a small pod's shm, and the largest
+    # tensor (SmolLM2's embedding, 113 MB float32) must fit in one.
+    "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=256",
+    # One reward worker and one agent-loop worker: each is a process and memory on a small pod.
+    "reward.num_workers=1",
+    "actor_rollout_ref.rollout.agent.num_workers=1",
+    # One made-up GPU: no tensor parallelism (verl's default is 2).
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+)
+
+
+def override_key(override: str) -> str:
+    """The config key a Hydra override sets: `+a.b=1`, `a.b=1` and `~a.b` all set a.b."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def overrides(device: Device) -> list[str]:
+    return list(CPU_OVERRIDES) if device == "cpu" else []
+
+
+def env(device: Device) -> list[Object]:
+    """Environment variables of the trainer container for this device."""
+    if device != "cpu":
+        return []
+    return [{"name": name, "value": value} for name, value in CPU_ENV.items()]
+
+
+def limits(spec: TrainingRunSpec) -> Object:
+    """The trainer container's extra resource limits: its GPUs, none on CPU."""
+    return {GPU_RESOURCE: spec.gpus_per_node} if spec.device == "gpu" else {}
+
+
+def describe(spec: TrainingRunSpec) -> str:
+    """What the run trains on, in words for conditions and Events."""
+    return "on CPU" if spec.device == "cpu" else f"{spec.nodes} x {spec.gpus_per_node} GPUs"
