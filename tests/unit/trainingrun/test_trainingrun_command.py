@@ -357,3 +357,48 @@ def test_the_runs_own_templates_reach_the_loop_the_dataset_and_the_preflight() -
     plain = target({})
     assert command.TEMPLATES_FILE not in command.config_files(plain)
     assert "--templates" not in command.preflight_command(plain)
+
+
+def test_gymkube_train_parses_the_rendered_trainer_command() -> None:
+    from gymkube_agentloop import train
+
+    run = target({"model": {"path": "/models/SmolLM2-135M-Instruct"}, "device": "cpu"})
+    wrapper, *args = command.trainer_command(run)
+    assert wrapper == command.TRAIN_WRAPPER == train.PROG
+    parsed = train.parse_args(args)
+    assert parsed.checkpoint_dir == pathlib.Path(run.checkpoint_dir)
+    assert parsed.model_path == "/models/SmolLM2-135M-Instruct"
+    assert parsed.command == command.verl_command(run)
+
+
+def test_the_progress_line_gymkube_train_prints_is_the_one_the_operator_reads() -> None:
+    from gymkube_agentloop import train
+
+    printed = train.TrainingProgress(
+        step=3,
+        total_steps=10,
+        mean_reward=0.5,
+        step_seconds=31.2,
+        generation_seconds=12.0,
+        update_seconds=15.1,
+        eta_seconds=218.4,
+        checkpoint_step=2,
+        checkpoint="/checkpoints/run/global_step_2",
+        time="2026-12-01T10:00:00Z",
+    )
+    assert lifecycle.PROGRESS_PREFIX == train.PROGRESS_PREFIX
+    read = lifecycle.parse_progress(f"(TaskRunner pid=1) step:3\n{printed.line()}\n")
+    assert read is not None
+    assert read.to_api() == printed.model_dump(by_alias=True)
+
+
+def test_the_cpu_environment_holds_what_gymkube_cpu_support_for_verl_needs() -> None:
+    # In a child process: importing the module applies its fixes to the importing process.
+    script = (
+        "import json; from gymkube_agentloop import verl_cpu; print(json.dumps(verl_cpu.CPU_ENV))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=240, check=True
+    )
+    needed = json.loads(done.stdout.splitlines()[-1])
+    assert needed.items() <= device.CPU_ENV.items()
