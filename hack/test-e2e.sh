@@ -7,7 +7,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 tag=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/gymkube/Chart.yaml)
 images=()
-for component in envserver router operator preflight; do
+for component in envserver router operator preflight trainer-cpu; do
 	images+=("gymkube/$component:$tag")
 done
 

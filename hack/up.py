@@ -48,7 +48,7 @@ REPO = Path(__file__).resolve().parents[1]
 HACK = REPO / "hack"
 CHART = REPO / "charts" / "gymkube"
 GROUP, VERSION = "gymkube.io", "v1alpha1"
-IMAGES = ("envserver", "router", "operator", "preflight")
+IMAGES = ("envserver", "router", "operator", "preflight", "trainer-cpu")
 # What goes into the images: a change here means `make images` must run again.
 IMAGE_INPUTS = (
     "images",
@@ -64,6 +64,8 @@ EXAMPLES = (
     REPO / "examples" / "envpool-sciworld.yaml",
     REPO / "examples" / "envpool-frozenlake.yaml",
     REPO / "examples" / "trainingrun-frozenlake-preflight.yaml",
+    REPO / "examples" / "envpool-frozenlake-easy.yaml",
+    REPO / "examples" / "trainingrun-frozenlake-cpu.yaml",
 )
 # Nodes with fewer CPUs than this get SMALL_NODE_OVERRIDES (the examples ask for about 4.5).
 SMALL_NODE_CPUS = 8.0
@@ -80,7 +82,13 @@ SMALL_NODE_OVERRIDES: dict[tuple[str, str], dict[str, Any]] = {
         "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
         "router": {"resources": {"requests": {"cpu": "20m", "memory": "64Mi"}}},
     },
+    ("EnvPool", "frozen-lake-easy"): {
+        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
+        "router": {"resources": {"requests": {"cpu": "20m", "memory": "64Mi"}}},
+    },
 }
+# What the trainer prints once a step (gymkube-train, agentloop/src/gymkube_agentloop/train.py).
+PROGRESS_PREFIX = "gymkube-progress "
 HEARTBEAT_S = 20.0
 EXAMPLES_DELETE_TIMEOUT_S = 120.0
 # Degraded reasons that no amount of waiting fixes (docs/envpool.md).
@@ -113,6 +121,9 @@ class UpSettings(BaseSettings):
     operator_timeout_s: float = Field(300.0, description="Chart installed → operator ready.")
     pool_timeout_s: float = Field(900.0, description="EnvPool applied → Ready.")
     preflight_timeout_s: float = Field(900.0, description="Pool Ready → preflight passed.")
+    training_timeout_s: float = Field(
+        1800.0, description="Preflight passed → the CPU training run Succeeded."
+    )
     down_cluster: Literal["auto", "always", "never"] = Field(
         "auto", description="`down` stops the cluster: auto = only when `up` started it."
     )
@@ -453,11 +464,21 @@ class Kube:
 
     def get(self, path: str, query: dict[str, str] | None = None) -> Object | None:
         """GET PATH (e.g. /api/v1/nodes); None when it does not exist."""
+        payload = self.get_bytes(path, query, accept="application/json")
+        if payload is None:
+            return None
+        obj: Object = json.loads(payload)
+        return obj
+
+    def get_bytes(
+        self, path: str, query: dict[str, str] | None = None, accept: str = "*/*"
+    ) -> bytes | None:
+        """GET PATH as it answers (a pod log, a proxied /metrics); None when it does not exist."""
         method, url, headers, _, _ = self.api.param_serialize(
             "GET",
             path,
             query_params=list((query or {}).items()),
-            header_params={"Accept": "application/json"},
+            header_params={"Accept": accept},
             auth_settings=["BearerToken"],
         )
         try:
@@ -472,8 +493,7 @@ class Kube:
             return None
         if response.status != 200:
             raise UpError(f"GET {path} answered {response.status}: {payload[:300]!r}")
-        obj: Object = json.loads(payload)
-        return obj
+        return payload
 
     def items(self, path: str, selector: str = "") -> list[Object]:
         found = self.get(path, {"labelSelector": selector} if selector else None) or {}
@@ -762,6 +782,22 @@ def describe_pool(obj: Object | None) -> str:
     return ", ".join(parts)
 
 
+def trains_on_cpu(obj: Object) -> bool:
+    return bool((obj.get("spec") or {}).get("device") == "cpu")
+
+
+def describe_progress(progress: Object) -> str:
+    """`step 1/2, reward 0.25, 42s a step, ETA 42s` from status.progress."""
+    parts = [f"step {progress.get('step')}/{progress.get('totalSteps') or '?'}"]
+    if progress.get("meanReward") is not None:
+        parts.append(f"reward {progress['meanReward']:.3f}")
+    if progress.get("stepSeconds") is not None:
+        parts.append(f"{progress['stepSeconds']:.0f}s a step")
+    if progress.get("etaSeconds") is not None:
+        parts.append(f"ETA {duration(progress['etaSeconds'])}")
+    return ", ".join(parts)
+
+
 def describe_run(obj: Object | None) -> str:
     if obj is None:
         return "not found"
@@ -773,11 +809,16 @@ def describe_run(obj: Object | None) -> str:
             parts.append(f"{kind}={cond.get('status')} {cond.get('reason', '')}".rstrip())
     if status.get("training"):
         parts.append(f"{status['training']['kind'].lower()}/{status['training']['name']} created")
+    if status.get("progress"):
+        parts.append(describe_progress(status["progress"]))
     return ", ".join(parts)
 
 
 def run_done(obj: Object) -> bool:
-    """The run got as far as a CPU-only cluster lets it: preflight passed, training child made."""
+    """The run got as far as this cluster lets it: a CPU run Succeeded; a GPU run passed its
+    preflight and made its training child (without a GPU node, that Job stays Pending)."""
+    if trains_on_cpu(obj):
+        return condition_true(obj, "Succeeded")
     status = obj.get("status") or {}
     return condition_true(obj, "PreflightPassed") and bool(status.get("training"))
 
@@ -798,6 +839,13 @@ def run_failed(obj: Object) -> str | None:
     if preflight and preflight.get("status") == "False":
         return f"preflight failed: {preflight.get('message')}"
     return None
+
+
+def wait_timeout(settings: UpSettings, obj: Object) -> float:
+    if obj["kind"] == "EnvPool":
+        return settings.pool_timeout_s
+    training = settings.training_timeout_s if trains_on_cpu(obj) else 0.0
+    return settings.pool_timeout_s + settings.preflight_timeout_s + training
 
 
 def wait_examples(kube: Kube, settings: UpSettings, watched: list[Watched]) -> None:
@@ -821,7 +869,13 @@ def wait_examples(kube: Kube, settings: UpSettings, watched: list[Watched]) -> N
                     raise UpError(f"{item.kind.lower()}/{item.name} failed: {failure}")
                 if (pool and condition_true(obj, "Ready")) or (not pool and run_done(obj)):
                     item.ready_after = time.monotonic() - item.started
-                    what = "Ready" if pool else "preflight passed"
+                    what = (
+                        "Ready"
+                        if pool
+                        else "Succeeded"
+                        if trains_on_cpu(obj)
+                        else "preflight passed"
+                    )
                     say(f"  {item.kind.lower()}/{item.name}: {what} {duration(item.ready_after)}")
                     continue
             if time.monotonic() - item.started >= item.timeout:
@@ -869,6 +923,70 @@ def training_job_state(kube: Kube, settings: UpSettings, run: Object) -> str:
     return f"job/{child['name']}: {states}"
 
 
+def progress_records(log: str) -> list[Object]:
+    """The trainer's progress lines, one per step, in the order it printed them."""
+    records = []
+    for line in log.splitlines():
+        if line.startswith(PROGRESS_PREFIX):
+            try:
+                records.append(json.loads(line.removeprefix(PROGRESS_PREFIX)))
+            except ValueError:
+                continue
+    return records
+
+
+def metric_sum(metrics: str, name: str) -> float:
+    """The sum of every sample of one Prometheus metric in a /metrics text (all label sets)."""
+    total = 0.0
+    for line in metrics.splitlines():
+        if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " "):
+            total += float(line.rsplit(" ", 1)[-1])
+    return total
+
+
+def pool_episodes(kube: Kube, settings: UpSettings, pool: str) -> str:
+    """What the pool's env servers counted themselves, read through the API server's pod proxy."""
+    ns = settings.namespace
+    selector = f"gymkube.io/envpool={pool},app.kubernetes.io/component=envserver"
+    sessions = steps = 0.0
+    for pod in kube.items(f"/api/v1/namespaces/{ns}/pods", selector):
+        text = kube.get_bytes(
+            f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}:8000/proxy/metrics"
+        )
+        metrics = (text or b"").decode()
+        sessions += metric_sum(metrics, "gymkube_envserver_sessions_served_total")
+        steps += metric_sum(metrics, 'gymkube_envserver_requests_total{endpoint="/step",code="ok"}')
+    return f"{sessions:.0f} sessions, {steps:.0f} steps"
+
+
+def cpu_training_lines(kube: Kube, settings: UpSettings, run: Object) -> Iterator[str]:
+    """Per-step rewards and times from the trainer's own log, the pool's counts, the checkpoint."""
+    status = run.get("status") or {}
+    child = status.get("training") or {}
+    ns = settings.namespace
+    pods = kube.items(f"/api/v1/namespaces/{ns}/pods", f"job-name={child.get('name')}")
+    log = b""
+    for pod in pods:
+        log += (
+            kube.get_bytes(
+                f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}/log",
+                {"container": "trainer"},
+            )
+            or b""
+        )
+    yield f"training job/{child.get('name')} on CPU: {describe_run(run)}"
+    for record in progress_records(log.decode(errors="replace")):
+        yield f"  {describe_progress(record)}"
+    pool = (run.get("spec") or {}).get("envPoolRef", {}).get("name", "")
+    counts = pool_episodes(kube, settings, pool)
+    yield f"env pool {pool} served (its own counts, preflight included): {counts}"
+    progress = status.get("progress") or {}
+    where = progress.get("checkpoint") or "none written"
+    volume = (run.get("spec") or {}).get("checkpoints")
+    kept = "on the checkpoints volume" if volume else "in an emptyDir, gone with the pod"
+    yield f"last checkpoint: {where} ({kept})"
+
+
 def print_summary(
     kube: Kube, settings: UpSettings, flavour: str, watched: list[Watched], small: bool
 ) -> None:
@@ -901,6 +1019,10 @@ def print_summary(
         print(f"  preflight job/{preflight.get('jobName')}: passed={preflight.get('passed')}")
         for line in preflight_lines(summary) if summary else [str(preflight.get("message"))]:
             print(f"    {line}")
+        if trains_on_cpu(item.obj):
+            for line in cpu_training_lines(kube, settings, item.obj):
+                print(f"  {line}")
+            continue
         print(f"  training {training_job_state(kube, settings, item.obj)}")
         print("    (it asks for GPUs: without a GPU node it stays Pending, as expected)")
     print(
@@ -968,17 +1090,11 @@ def up(settings: UpSettings) -> None:
         apply_examples(kube, settings, objects)
         restart_pools(kube, settings, objects, replaced)
         watched = [
-            Watched(
-                obj["kind"],
-                obj["metadata"]["name"],
-                settings.pool_timeout_s
-                if obj["kind"] == "EnvPool"
-                else settings.pool_timeout_s + settings.preflight_timeout_s,
-            )
+            Watched(obj["kind"], obj["metadata"]["name"], wait_timeout(settings, obj))
             for obj in objects
             if obj["kind"] in ("EnvPool", "TrainingRun")
         ]
-        step("waiting for the pools to be Ready and the run's preflight to pass")
+        step("waiting for the pools to be Ready, the GPU run's preflight and the CPU run to end")
         wait_examples(kube, settings, watched)
     except UpError:
         dump_diagnostics(kube, settings)
