@@ -202,13 +202,19 @@ def test_a_spec_change_updates_the_children(cluster: Cluster, operator: Operator
     eventually("first reconcile", lambda: cluster.reconciled("changing"))
     cluster.patch(
         "changing",
-        {"image": "reg/envserver:2", "sessionsPerReplica": 32, "router": {"replicas": 2}},
+        {
+            "image": "reg/envserver:2",
+            "sessionsPerReplica": 32,
+            "envConfig": {"size": 2, "moves": "word"},
+            "router": {"replicas": 2},
+        },
     )
     eventually("second reconcile", lambda: cluster.reconciled("changing", generation=2))
     sts = cluster.apps.read_namespaced_stateful_set("changing", cluster.namespace)
     container = sts.spec.template.spec.containers[0]
     assert container.image == "reg/envserver:2"
     assert container.args[container.args.index("--max-sessions") + 1] == "32"
+    assert container.args[container.args.index("--env-config") + 1] == '{"moves":"word","size":2}'
     router = cluster.apps.read_namespaced_deployment("changing-router", cluster.namespace)
     assert router.spec.replicas == 2
     assert set(cluster.children("changing")) == expected_children("changing")

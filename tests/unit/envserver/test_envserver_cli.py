@@ -39,6 +39,8 @@ def test_flags_and_environment_configure_a_running_server() -> None:
             "60",
             "--canary-interval",
             "0",
+            "--env-config",
+            '{"size": 2}',
         ],
         env=env,
         stdout=subprocess.DEVNULL,
@@ -58,9 +60,11 @@ def test_flags_and_environment_configure_a_running_server() -> None:
             time.sleep(0.1)
         status = httpx.get(f"{base}/status").json()
         assert (status["env"], status["capacity"], status["warm"]) == ("frozen_lake", 3, 2)
+        assert status["env_config"] == {"size": 2}
         session = httpx.post(f"{base}/create").json()["id"]
         reset = httpx.post(f"{base}/reset", json={"id": session, "data_idx": 1})
         assert reset.status_code == 200
+        assert reset.json()["task_description"].startswith("FrozenLake 2x2")
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -76,6 +80,11 @@ def test_flags_and_environment_configure_a_running_server() -> None:
         (["--env", "chess"], "unknown env 'chess'"),
         (["--env", "frozen_lake", "--max-sessions", "0"], "max_sessions"),
         (["--env", "plugin:nowhere_at_all:Env"], "cannot import plugin module"),
+        (
+            ["--env", "frozen_lake", "--env-config", '{"size": 99}'],
+            "--env-config: invalid frozen_lake env_config: size",
+        ),
+        (["--env", "frozen_lake", "--env-config", '{"size": 2'], "env_config"),
     ],
 )
 def test_bad_configuration_exits_with_a_clear_message(args: list[str], message: str) -> None:

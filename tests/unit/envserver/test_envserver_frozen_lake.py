@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections import deque
+from itertools import count
 
 import httpx
 import pytest
-from envserver_fixtures import asgi_client
+from envserver_fixtures import asgi_client, asgi_server
+from gymkube_envserver.envs.frozen_lake import FrozenLakeConfig, generate_map
 
 pytestmark = pytest.mark.unit
 
@@ -39,6 +41,16 @@ def shortest_path(grid: list[list[str]]) -> list[str]:
                 paths[nxt] = [*paths[(row, col)], move]
                 queue.append(nxt)
     raise AssertionError("map has no path to the goal")
+
+
+def seed_with_goal_below_start(size: int) -> int:
+    """The first map seed whose goal is the cell right below the start (default p)."""
+    for seed in count():
+        grid = generate_map(size, FrozenLakeConfig().p, seed)
+        row, col = next((r, c) for r in range(size) for c in range(size) if grid[r][c] == "S")
+        if row + 1 < size and grid[row + 1][col] == "G":
+            return seed
+    raise AssertionError("unreachable")
 
 
 async def new_episode(client: httpx.AsyncClient, **reset: object) -> tuple[str, dict]:
@@ -151,3 +163,45 @@ async def test_tasks_report_count_splits_and_score_scale() -> None:
         bad = await client.post("/create", json={"env_config": {"size": 99}})
         assert bad.status_code == 422
         assert "size" in bad.json()["error"]["message"]
+
+
+async def test_a_pool_default_word_map_is_won_by_a_plain_down_from_a_warm_env() -> None:
+    seed = seed_with_goal_below_start(2)
+    async with asgi_server(env_config={"size": 2, "moves": "word"}, warm=1) as (client, app):
+        status = (await client.get("/status")).json()
+        assert status["env_config"] == {"size": 2, "moves": "word"}
+        (warm_env,) = app.state.manager.warm
+        session, first = await new_episode(client, data_idx=seed)
+        assert app.state.manager.sessions[session].instance is warm_env
+        assert [len(row) for row in grid_of(first["observation"])] == [2, 2]
+        assert "plain word" in first["task_description"]
+        step = (await client.post("/step", json={"id": session, "action": "Down."})).json()
+        assert (step["reward"], step["done"], step["info"]["outcome"]) == (1.0, True, "goal")
+
+
+async def test_tag_moves_reject_a_bare_word() -> None:
+    seed = seed_with_goal_below_start(2)
+    async with asgi_client(env_config={"size": 2}) as client:
+        session, first = await new_episode(client, data_idx=seed)
+        assert "plain word" not in first["task_description"]
+        bare = (await client.post("/step", json={"id": session, "action": "Down."})).json()
+        assert "no <action>...</action> tag" in bare["observation"]
+        assert (bare["info"]["valid"], bare["done"]) == (False, False)
+        tagged = await client.post("/step", json={"id": session, "action": "<action>down</action>"})
+        assert tagged.json()["info"]["outcome"] == "goal"
+
+
+async def test_create_and_reset_env_config_override_the_pool_default_key_by_key() -> None:
+    async with asgi_client(env_config={"size": 2, "max_steps": 3}) as client:
+        session, first = await new_episode(client, data_idx=1, env_config={"size": 3})
+        assert len(grid_of(first["observation"])) == 3
+        assert "You have 3 replies" in first["task_description"]
+        bigger = await client.post(
+            "/reset", json={"id": session, "data_idx": 1, "env_config": {"size": 5}}
+        )
+        assert len(grid_of(bigger.json()["observation"])) == 5
+        # A reset's env_config holds for its own episode only.
+        again = await client.post("/reset", json={"id": session, "data_idx": 1})
+        assert len(grid_of(again.json()["observation"])) == 3
+        _, plain = await new_episode(client, data_idx=1)
+        assert len(grid_of(plain["observation"])) == 2

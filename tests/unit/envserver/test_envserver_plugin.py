@@ -7,7 +7,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from envserver_fixtures import HERE, asgi_client, settings
+from envserver_fixtures import HERE, asgi_client, asgi_server, settings
 from gymkube_envserver.envs import EnvSpecError, load_backend
 
 pytestmark = pytest.mark.unit
@@ -72,6 +72,19 @@ async def test_one_sessions_calls_are_serialised_while_sessions_run_in_parallel(
         assert plugin.most_concurrent_steps == 1
         await asyncio.gather(*(step(session) for session in sessions))
         assert plugin.most_concurrent_steps == 2
+
+
+async def test_warm_plugin_envs_are_built_with_the_servers_default_env_config() -> None:
+    async with asgi_server(env=PLUGIN, warm=1, env_config={"high": 4}) as (client, app):
+        (warm_env,) = app.state.manager.warm
+        session = (await client.post("/create")).json()["id"]
+        assert app.state.manager.sessions[session].instance is warm_env
+        reset = (await client.post("/reset", json={"id": session, "seed": 3})).json()
+        assert reset["task_description"].startswith("Guess my number between 1 and 4")
+        # Other keys need an env built for them: the warm ones were built without them.
+        other = (await client.post("/create", json={"env_config": {"high": 6}})).json()["id"]
+        reset = (await client.post("/reset", json={"id": other, "seed": 3})).json()
+        assert reset["task_description"].startswith("Guess my number between 1 and 6")
 
 
 def test_classes_without_the_env_shape_are_refused() -> None:

@@ -3,9 +3,11 @@
 from typing import Any
 
 import pytest
+from gymkube_envserver.settings import ServerSettings
 from gymkube_operator.envpool import builders
 from gymkube_operator.envpool.models import EnvPoolSpec
 from gymkube_operator.settings import OperatorSettings
+from pydantic_settings import CliApp
 
 pytestmark = pytest.mark.unit
 
@@ -77,6 +79,18 @@ def test_env_server_command_carries_the_spec() -> None:
     assert container["image"] == "reg/envserver:1"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+
+
+def test_env_config_is_the_servers_default_and_a_change_rolls_the_pods() -> None:
+    config = {"size": 2, "moves": "word"}
+    args = envserver(env="frozen_lake", envConfig=config)["args"]
+    assert args[args.index("--env-config") + 1] == '{"moves":"word","size":2}'
+    assert CliApp.run(ServerSettings, cli_args=args).env_config == config
+    assert "--env-config" not in envserver()["args"]
+    # A StatefulSet rolls its pods when their template changes.
+    sts = ("StatefulSet", "sciworld")
+    two, three = (children(envConfig={"size": size})[sts] for size in (2, 3))
+    assert two["spec"]["template"] != three["spec"]["template"]
 
 
 def test_spec_image_and_resources_win_over_operator_defaults() -> None:

@@ -16,8 +16,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gymkube_envserver import __version__
 from gymkube_envserver.canary import Canary
-from gymkube_envserver.envs import load_backend
-from gymkube_envserver.envs.base import EnvBackend, ResetParams
+from gymkube_envserver.envs import EnvSpecError, load_backend
+from gymkube_envserver.envs.base import EnvBackend, EnvInputError, ResetParams
 from gymkube_envserver.errors import ApiError
 from gymkube_envserver.metrics import MetricsMiddleware, ServerMetrics
 from gymkube_envserver.sessions import SessionManager
@@ -110,8 +110,13 @@ class BodyLimitMiddleware:
 
 
 def create_app(settings: ServerSettings, backend: EnvBackend | None = None) -> FastAPI:
-    """The env server for ``settings.env`` (or the given backend)."""
+    """The env server for ``settings.env`` (or the given backend); EnvSpecError when
+    ``settings.env_config`` is not a valid env_config of that env."""
     env_backend = backend or load_backend(settings)
+    try:
+        env_backend.check_config(settings.env_config)
+    except EnvInputError as exc:
+        raise EnvSpecError(f"--env-config: {exc}") from None
     manager = SessionManager(env_backend, settings)
     canary = Canary(manager, settings.canary_interval, settings.canary_timeout)
     metrics = ServerMetrics(manager, canary)
@@ -298,6 +303,7 @@ def create_app(settings: ServerSettings, backend: EnvBackend | None = None) -> F
             capacity=settings.max_sessions,
             warm=len(manager.warm),
             warm_target=settings.warm,
+            env_config=settings.env_config,
             draining=manager.draining,
             served=manager.served,
             ready=manager.ready,

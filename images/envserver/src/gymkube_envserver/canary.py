@@ -52,7 +52,9 @@ class Canary:
 
     async def _episode(self) -> None:
         async with self.manager.borrowed_spare() as instance:
-            await instance.reset(ResetParams(data_idx=0, seed=None, env_config={}))
+            # The server's default env_config: the canary plays the episodes sessions get.
+            default = self.manager.settings.env_config
+            await instance.reset(ResetParams(data_idx=0, seed=None, env_config=default))
             await instance.step(self.manager.backend.canary_action)
 
     async def _loop(self) -> None:

@@ -140,6 +140,7 @@ class SessionManager:
     # sessions
 
     async def create(self, env_config: dict[str, Any]) -> Session:
+        """A new session whose env_config is ``env_config`` over the server's default."""
         retry = self.settings.retry_after
         if self.draining:
             raise ApiError(ErrorCode.DRAINING, "server is draining; use another", retry)
@@ -151,6 +152,7 @@ class SessionManager:
                 f"all {self.settings.max_sessions} sessions are in use; retry later",
                 retry,
             )
+        env_config = {**self.settings.env_config, **env_config}
         try:
             self.backend.check_config(env_config)
         except EnvInputError as exc:
@@ -282,7 +284,9 @@ class SessionManager:
         self._refill.set()
 
     async def _take_instance(self, env_config: dict[str, Any]) -> EnvInstance:
-        if self.warm and (self.backend.config_at_reset or not env_config):
+        # Warm envs were started with the server's default env_config.
+        keeps_default = env_config == self.settings.env_config
+        if self.warm and (self.backend.config_at_reset or keeps_default):
             instance = self.warm.popleft()
             self._refill.set()
             return instance
@@ -306,7 +310,7 @@ class SessionManager:
             instance = self.warm.popleft()
             self._lent += 1
         else:
-            instance = await self.backend.start({})
+            instance = await self.backend.start(self.settings.env_config)
         try:
             yield instance
         except BaseException:
@@ -335,7 +339,7 @@ class SessionManager:
                     break  # a canary gave its env back meanwhile
                 instance: EnvInstance | None = None
                 try:
-                    instance = await self.backend.start({})
+                    instance = await self.backend.start(self.settings.env_config)
                     await instance.warm_up()
                 except Exception:
                     log.exception("starting a warm env failed; retrying")

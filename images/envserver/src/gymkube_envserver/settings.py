@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -26,6 +27,13 @@ class ServerSettings(BaseSettings):
     env: str = Field(
         default="frozen_lake",
         description="sciworld | frozen_lake | textarena:<GameId> | plugin:<module>:<Class>",
+    )
+    env_config: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "Default env_config of every session, as JSON; a /create or /reset env_config "
+            "overrides its keys."
+        ),
     )
     host: str = Field(default="0.0.0.0", description="Address to bind.")
     port: int = Field(default=8000, ge=0, le=65_535, description="Port to bind (0: any free).")

@@ -216,6 +216,9 @@ class StatusResponse(BaseModel):
     capacity: int = Field(description="Most open sessions this server accepts.")
     warm: int = Field(description="Started envs waiting for a /create.")
     warm_target: int
+    env_config: dict[str, Any] = Field(
+        default_factory=dict, description="The default env_config of every session (--env-config)."
+    )
     draining: bool
     served: int = Field(description="Sessions created since the server started.")
     ready: bool

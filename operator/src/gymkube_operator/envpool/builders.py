@@ -1,5 +1,6 @@
 """Pure builders: an EnvPool spec in, the wanted child objects out. No cluster access here."""
 
+import json
 from typing import Any
 
 from gymkube_operator.envpool.models import KIND, EnvPoolSpec
@@ -115,6 +116,13 @@ def _pod_spec(container: Object, grace_seconds: int) -> Object:
 
 
 def envserver_args(spec: EnvPoolSpec) -> list[str]:
+    # Sorted keys: the same envConfig always renders the same pod template (no needless rollout);
+    # none when unset, so pools without one keep their pods across an operator upgrade.
+    env_config = (
+        ["--env-config", json.dumps(spec.env_config, separators=(",", ":"), sort_keys=True)]
+        if spec.env_config
+        else []
+    )
     return [
         "--env",
         spec.env,
@@ -132,6 +140,7 @@ def envserver_args(spec: EnvPoolSpec) -> list[str]:
         str(spec.watchdog.canary_interval_seconds),
         "--canary-timeout",
         str(spec.watchdog.canary_timeout_seconds),
+        *env_config,
         *spec.args,
     ]
 

@@ -111,6 +111,13 @@ class EnvPoolSpec(CamelModel):
     image: str | None = Field(
         None, min_length=1, description="Env-server image; the operator's default when unset."
     )
+    env_config: FreeForm = Field(
+        default_factory=dict,
+        description=(
+            "Default env_config of every session in the pool, e.g. {size: 2} for frozen_lake; "
+            "a /create body's env_config overrides keys."
+        ),
+    )
     args: list[str] = Field(
         default_factory=list, description="Extra command-line arguments for gymkube-envserver."
     )

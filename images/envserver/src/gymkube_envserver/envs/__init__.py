@@ -10,7 +10,7 @@ ENV_KINDS = "sciworld, frozen_lake, textarena:<GameId>, plugin:<module>:<Class>"
 
 
 class EnvSpecError(ValueError):
-    """The --env value names no env this server can run."""
+    """The --env value names no env this server can run, or --env-config is invalid for it."""
 
 
 def load_backend(settings: ServerSettings) -> EnvBackend:

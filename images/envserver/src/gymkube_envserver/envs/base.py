@@ -84,8 +84,8 @@ class EnvBackend(ABC):
     """A valid action for the canary episode's step."""
     config_at_reset: bool = True
     """True when env_config takes effect at reset, so a pre-started (warm) instance can serve any
-    /create; False when it is a constructor argument (plugins), so only config-less creates may
-    take a warm one."""
+    /create; False when it is a constructor argument (plugins), so only creates that keep the
+    server's default env_config (the one warm instances start with) may take a warm one."""
 
     def check_config(self, env_config: dict[str, Any]) -> None:
         """Raise EnvInputError when env_config is not valid for this env (checked at /create)."""

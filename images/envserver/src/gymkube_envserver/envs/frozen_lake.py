@@ -3,7 +3,8 @@
 The map for an episode comes from ``(size, p, seed)``; ``seed`` is ``env_config["seed"]``, else
 the reset's ``seed``, else its ``data_idx``. Moves are deterministic; off-grid moves stay put.
 Reaching G scores 1 and ends the episode; a hole or the step limit ends it with 0. A reply that is
-not exactly one move is answered with an observation saying why, and counts as a step.
+not exactly one move is answered with an observation saying why, and counts as a step. With
+``moves: word``, a reply without a tag may also name its move as a bare word ("Down.").
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import random
 import re
 from collections import deque
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -36,10 +37,22 @@ MOVES: dict[str, tuple[int, int]] = {
     "right": (0, 1),
 }
 ACTION_TAG = re.compile(r"<action>(.*?)</action>", re.IGNORECASE | re.DOTALL)
-HOW_TO_REPLY = (
-    "Reply with one move: <action>up</action>, <action>down</action>, "
-    "<action>left</action> or <action>right</action>."
-)
+MOVE_WORD = re.compile(rf"\b({'|'.join(MOVES)})\b", re.IGNORECASE)
+MoveStyle = Literal["tag", "word"]
+HOW_TO_REPLY: dict[MoveStyle, str] = {
+    "tag": (
+        "Reply with one move: <action>up</action>, <action>down</action>, "
+        "<action>left</action> or <action>right</action>."
+    ),
+    "word": (
+        "Reply with one move: up, down, left or right. A plain word is enough; "
+        "<action>down</action> works too."
+    ),
+}
+NO_MOVE: dict[MoveStyle, str] = {
+    "tag": "no <action>...</action> tag found",
+    "word": "no move word (up, down, left, right) or <action>...</action> tag found",
+}
 
 
 class FrozenLakeConfig(BaseModel):
@@ -49,6 +62,11 @@ class FrozenLakeConfig(BaseModel):
     p: float = Field(default=0.8, ge=0.3, le=1.0, description="Chance a cell is safe ice.")
     seed: int | None = Field(default=None, description="Map seed; overrides data_idx.")
     max_steps: int = Field(default=20, ge=1, le=1_000, description="Replies per episode.")
+    # Small untrained models rarely write tags; "word" lets their plain answers count as moves.
+    moves: MoveStyle = Field(
+        default="tag",
+        description="tag: only <action>move</action>; word: also a bare move word without a tag.",
+    )
 
 
 def parse_config(env_config: dict[str, Any]) -> FrozenLakeConfig:
@@ -86,11 +104,18 @@ def _reachable(grid: list[list[str]], start: tuple[int, int], goal: tuple[int, i
     return False
 
 
-def parse_move(reply: str) -> tuple[str | None, str]:
-    """The move in a reply, or None and why the reply was rejected."""
+def parse_move(reply: str, moves: MoveStyle) -> tuple[str | None, str]:
+    """The move in a reply, or None and why the reply was rejected.
+
+    A tag always decides; with ``moves="word"`` a reply without one moves by its first whole
+    move word.
+    """
     tags = ACTION_TAG.findall(reply)
     if not tags:
-        return None, "no <action>...</action> tag found"
+        word = MOVE_WORD.search(reply) if moves == "word" else None
+        if word is not None:
+            return word.group(1).lower(), ""
+        return None, NO_MOVE[moves]
     if len(tags) > 1:
         return None, f"{len(tags)} <action> tags found; send exactly one"
     move = tags[0].strip().lower()
@@ -102,14 +127,17 @@ def parse_move(reply: str) -> tuple[str | None, str]:
 
 class FrozenLakeInstance(EnvInstance):
     def __init__(self, env_config: dict[str, Any]) -> None:
-        self._config = parse_config(env_config)
+        # What every episode starts from; a reset's env_config changes only its own episode.
+        self._start_config = parse_config(env_config)
+        self._config = self._start_config
         self._grid: list[list[str]] = []
         self._pos = (0, 0)
         self._steps = 0
         self._done = True
 
     async def reset(self, params: ResetParams) -> ResetOutcome:
-        config = parse_config({**self._config.model_dump(exclude_none=True), **params.env_config})
+        base = self._start_config.model_dump(exclude_none=True)
+        config = parse_config({**base, **params.env_config})
         seed = config.seed if config.seed is not None else episode_seed(params)
         self._config = config
         self._grid = generate_map(config.size, config.p, seed)
@@ -124,7 +152,8 @@ class FrozenLakeInstance(EnvInstance):
         size = config.size
         task = (
             f"FrozenLake {size}x{size}: walk from S to the goal G without stepping into a hole H. "
-            f"F is safe ice, P marks you. You have {config.max_steps} replies. {HOW_TO_REPLY}"
+            f"F is safe ice, P marks you. You have {config.max_steps} replies. "
+            f"{HOW_TO_REPLY[config.moves]}"
         )
         return ResetOutcome(
             observation=self._view("You stand on the start."),
@@ -137,9 +166,11 @@ class FrozenLakeInstance(EnvInstance):
 
     async def step(self, action: str) -> StepOutcome:
         self._steps += 1
-        move, why = parse_move(action)
+        moves = self._config.moves
+        move, why = parse_move(action, moves)
         if move is None:
-            return self._outcome(f"Invalid reply: {why}. {HOW_TO_REPLY}", valid=False, reached="")
+            text = f"Invalid reply: {why}. {HOW_TO_REPLY[moves]}"
+            return self._outcome(text, valid=False, reached="")
         d_row, d_col = MOVES[move]
         size = len(self._grid)
         row, col = self._pos[0] + d_row, self._pos[1] + d_col
