@@ -948,15 +948,14 @@ def pool_episodes(kube: Kube, settings: UpSettings, pool: str) -> str:
     """What the pool's env servers counted themselves, read through the API server's pod proxy."""
     ns = settings.namespace
     selector = f"gymkube.io/envpool={pool},app.kubernetes.io/component=envserver"
-    sessions = steps = 0.0
+    episodes = scores = 0.0
     for pod in kube.items(f"/api/v1/namespaces/{ns}/pods", selector):
-        text = kube.get_bytes(
-            f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}:8000/proxy/metrics"
-        )
-        metrics = (text or b"").decode()
-        sessions += metric_sum(metrics, "gymkube_envserver_sessions_served_total")
-        steps += metric_sum(metrics, 'gymkube_envserver_requests_total{endpoint="/step",code="ok"}')
-    return f"{sessions:.0f} sessions, {steps:.0f} steps"
+        name = pod["metadata"]["name"]
+        metrics = kube.get_bytes(f"/api/v1/namespaces/{ns}/pods/{name}:8000/proxy/metrics") or b""
+        text = metrics.decode()
+        episodes += metric_sum(text, "gymkube_envserver_episodes_total")
+        scores += metric_sum(text, "gymkube_envserver_episode_score_total")
+    return f"{episodes:.0f} episodes, scores summing to {scores:g}"
 
 
 def cpu_training_lines(kube: Kube, settings: UpSettings, run: Object) -> Iterator[str]:

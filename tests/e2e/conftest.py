@@ -78,6 +78,7 @@ def _chart_values(settings: E2ESettings) -> dict[str, Any]:
             "envServer": tag,
             "router": tag,
             "preflight": tag,
+            "trainerCpu": tag,
             "pullPolicy": settings.image_pull_policy,
         },
     }

@@ -205,3 +205,21 @@ async def test_create_and_reset_env_config_override_the_pool_default_key_by_key(
         assert len(grid_of(again.json()["observation"])) == 3
         _, plain = await new_episode(client, data_idx=1)
         assert len(grid_of(plain["observation"])) == 2
+
+
+async def test_metrics_count_ended_episodes_with_the_score_each_ended_on() -> None:
+    """What a trainer's rewards are checked against: an episode ends at the session's next
+    /reset or its /close (a second /close counts nothing), with the score it reached."""
+    won = seed_with_goal_below_start(2)
+    async with asgi_client(env_config={"size": 2}) as client:
+        session, _ = await new_episode(client, data_idx=won)
+        await client.post("/step", json={"id": session, "action": "<action>down</action>"})
+        await client.post("/reset", json={"id": session, "data_idx": won})
+        await client.post("/step", json={"id": session, "action": "<action>right</action>"})
+        await client.post("/close", json={"id": session})
+        await client.post("/close", json={"id": session})
+        unstarted = (await client.post("/create")).json()["id"]
+        await client.post("/close", json={"id": unstarted})
+        text = (await client.get("/metrics")).text
+    assert "gymkube_envserver_episodes_total 2.0" in text
+    assert "gymkube_envserver_episode_score_total 1.0" in text

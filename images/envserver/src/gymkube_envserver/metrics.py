@@ -54,6 +54,16 @@ class LoadCollector(Collector):
         yield CounterMetricFamily(
             "gymkube_envserver_sessions_served", "Sessions created.", value=manager.served
         )
+        yield CounterMetricFamily(
+            "gymkube_envserver_episodes",
+            "Episodes that ended (reset again or closed); canary episodes are not counted.",
+            value=manager.episodes_played,
+        )
+        yield CounterMetricFamily(
+            "gymkube_envserver_episode_score",
+            "Sum of the last score of every ended episode, in the env's own scale.",
+            value=manager.episode_score_sum,
+        )
         status = self.canary.status
         if status.ok is not None:
             yield GaugeMetricFamily(

@@ -78,6 +78,10 @@ class SessionManager:
         self.sessions: dict[str, Session] = {}
         self.warm: deque[EnvInstance] = deque()
         self.served = 0
+        # Episodes that ended (the session was reset again or closed) and the sum of their last
+        # scores, in the env's scale: what a trainer's rewards can be checked against.
+        self.episodes_played = 0
+        self.episode_score_sum = 0.0
         self.draining = False
         self.prepared = False
         self.warmed_event = asyncio.Event()
@@ -195,6 +199,7 @@ class SessionManager:
                 outcome = await self._call(session, session.instance.reset(merged))
             finally:
                 self._resets_in_flight -= 1
+            self._count_episode(session)
             session.record(outcome)
             session.started = True
             session.data_idx = params.data_idx
@@ -261,12 +266,19 @@ class SessionManager:
             log.exception("env call failed for session %s", session.id)
             raise ApiError(ErrorCode.ENV_FAILURE, describe_failure(exc)) from None
 
+    def _count_episode(self, session: Session) -> None:
+        """The session's episode so far is over: count it with its last score."""
+        if session.started:
+            self.episodes_played += 1
+            self.episode_score_sum += session.score
+
     def _begin_close(self, session_id: str, reason: str) -> None:
         session = self.sessions.pop(session_id, None)
         self._closed[session_id] = reason
         while len(self._closed) > CLOSED_IDS_KEPT:
             self._closed.popitem(last=False)
         if session is not None:
+            self._count_episode(session)
             # Wait for any call in flight on this session, then free its env in the background.
             self._spawn_close(session.instance, session.lock)
 
