@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from gymkube_operator.envpool.reasons import STUCK
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from pydantic import BaseModel, Field, ValidationError
@@ -91,8 +92,8 @@ SMALL_NODE_OVERRIDES: dict[tuple[str, str], dict[str, Any]] = {
 PROGRESS_PREFIX = "gymkube-progress "
 HEARTBEAT_S = 20.0
 EXAMPLES_DELETE_TIMEOUT_S = 120.0
-# Degraded reasons that no amount of waiting fixes (docs/envpool.md).
-POOL_STUCK = ("ApplyFailed", "RestartBudgetExhausted")
+# Degraded reasons that no amount of waiting fixes (docs/envpool.md), named by the operator.
+POOL_STUCK = STUCK
 
 Object = dict[str, Any]
 ClusterKind = Literal["kind", "local"]

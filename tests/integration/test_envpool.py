@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -143,7 +144,7 @@ def test_a_valid_pool_gets_exactly_its_children_with_owner_references(
     assert conditions["Degraded"]["status"] == "False"
     # Printer columns and the short name work for users.
     table = kube.kubectl("get", "envp", "-n", cluster.namespace).stdout
-    assert table.split()[:6] == ["NAME", "READY", "SESSIONS", "CAPACITY", "URL", "AGE"]
+    assert table.split()[:7] == ["NAME", "READY", "SESSIONS", "CAPACITY", "HEALTH", "URL", "AGE"]
     assert status["url"] in table
 
 
@@ -284,4 +285,170 @@ def test_pod_template_the_api_server_refuses_marks_the_pool_degraded(
     eventually(
         "an ApplyFailed event",
         lambda: True if any(e.reason == "ApplyFailed" for e in cluster.events("odd")) else None,
+    )
+
+
+SERVER_ERROR = (
+    "gymkube-envserver: unknown TextArena game 'NoSuchGame-v0': "
+    "Environment NoSuchGame-v0 not found in registry."
+)
+KILLED_RUN = {"startedAt": "2026-05-01T12:00:00Z", "finishedAt": "2026-05-01T12:05:02Z"}
+STARTUP_FAILED = 'Startup probe failed: Get "http://10.0.0.5:8000/healthz": connection refused'
+# (pool, env, what the kubelet or scheduler writes on its pod, reason, words in the message)
+STUCK_PODS: list[tuple[str, str, dict[str, Any], str, str]] = [
+    (
+        "crash",
+        "textarena:NoSuchGame-v0",
+        {
+            "restartCount": 3,
+            "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s"}},
+            "lastState": {
+                "terminated": {
+                    "exitCode": 2,
+                    "reason": "Error",
+                    "message": f"starting\n{SERVER_ERROR}\n",
+                }
+            },
+        },
+        "ServerCrashLoop",
+        f"pod crash-0: exited with code 2, 3 restarts: {SERVER_ERROR}",
+    ),
+    (
+        "pull",
+        "frozen_lake",
+        {
+            "state": {
+                "waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "x"'}
+            }
+        },
+        "ImagePullFailed",
+        'cannot pull image reg.example/envserver:nope: Back-off pulling image "x"',
+    ),
+    (
+        "oom",
+        "frozen_lake",
+        {
+            "restartCount": 1,
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}},
+        },
+        "OutOfMemory",
+        "killed for memory (OOMKilled) at its memory limit of 64Mi",
+    ),
+    ("unschedulable", "frozen_lake", {}, "Unschedulable", "0/3 nodes are available"),
+    (
+        "startup",
+        "frozen_lake",
+        {
+            "restartCount": 1,
+            "state": {"running": {"startedAt": "2026-05-01T12:05:03Z"}},
+            "lastState": {"terminated": {"exitCode": 137, "reason": "Error", **KILLED_RUN}},
+        },
+        "StartupProbeFailing",
+        f"restarted 1 times for failing its startup probe: {STARTUP_FAILED}",
+    ),
+]
+
+
+def _play_kubelet(cluster: Cluster, pool: str, container: dict[str, Any]) -> None:
+    """Write on the pool's pod what a kubelet (or, with no container, the scheduler) would."""
+    name = f"{pool}-0"
+    pod = eventually(f"pod {name}", lambda: _pod(cluster, name))
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if not container:
+        message = "0/3 nodes are available: 3 Insufficient memory."
+        unscheduled = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+        status = {"conditions": [{**unscheduled, "message": message, "lastTransitionTime": now}]}
+    else:
+        image = pod.spec.containers[0].image
+        base = {"name": "envserver", "image": image, "imageID": "", "ready": False}
+        status = {
+            "phase": "Running",
+            "containerStatuses": [{"restartCount": 0, **base, **container}],
+        }
+    cluster.core.patch_namespaced_pod_status(name, cluster.namespace, {"status": status})
+    if pool == "startup":
+        for reason, said, at in (
+            ("Unhealthy", STARTUP_FAILED, "2026-05-01T12:04:55Z"),
+            (
+                "Killing",
+                "Container envserver failed startup probe, will be restarted",
+                "2026-05-01T12:05:00Z",
+            ),
+        ):
+            cluster.core.create_namespaced_event(
+                cluster.namespace,
+                {
+                    "metadata": {"generateName": f"{name}."},
+                    "involvedObject": {
+                        "kind": "Pod",
+                        "namespace": cluster.namespace,
+                        "name": name,
+                        "uid": pod.metadata.uid,
+                        "fieldPath": "spec.containers{envserver}",
+                    },
+                    "reason": reason,
+                    "message": said,
+                    "type": "Warning",
+                    "firstTimestamp": at,
+                    "lastTimestamp": at,
+                    "source": {"component": "kubelet"},
+                },
+            )
+
+
+def _pod(cluster: Cluster, name: str) -> Any:
+    found = cluster.core.list_namespaced_pod(
+        cluster.namespace, field_selector=f"metadata.name={name}"
+    ).items
+    return found[0] if found else None
+
+
+def _degraded(cluster: Cluster, pool: str) -> dict[str, Any] | None:
+    status = (cluster.get(pool) or {}).get("status", {})
+    found = [c for c in status.get("conditions", []) if c["type"] == "Degraded"]
+    return found[0] if found and found[0]["status"] == "True" else None
+
+
+def test_pods_that_cannot_come_up_mark_the_pool_degraded_with_their_cause(
+    kube: ControlPlane, cluster: Cluster, operator: OperatorProcess
+) -> None:
+    period = 2
+    watchdog = {"probePeriodSeconds": period, "probeTimeoutSeconds": 1}
+    for pool, env, _, _, _ in STUCK_PODS:
+        cluster.create(
+            envpool(
+                pool,
+                env=env,
+                image="reg.example/envserver:nope",
+                resources={"limits": {"memory": "64Mi"}},
+                watchdog=watchdog,
+            )
+        )
+    for pool, _, _, _, _ in STUCK_PODS:
+        eventually(f"{pool} reconciled", lambda p=pool: cluster.reconciled(p))  # type: ignore[misc]
+        assert _degraded(cluster, pool) is None
+    for pool, _, container, reason, message in STUCK_PODS:
+        written = time.monotonic()
+        _play_kubelet(cluster, pool, container)
+        degraded = eventually(
+            f"{pool} Degraded",
+            lambda p=pool: _degraded(cluster, p),
+            timeout=period + 10,  # type: ignore[misc]
+        )
+        assert (degraded["reason"], pool) == (reason, pool)
+        assert message in degraded["message"]
+        # Within one watchdog period of the evidence (plus the watch event and the write).
+        assert time.monotonic() - written < period + 3
+        assert degraded["observedGeneration"] == 1
+    table = kube.kubectl("get", "envp", "-n", cluster.namespace, "crash", "startup").stdout
+    assert [line.split()[4] for line in table.splitlines()[1:]] == [
+        "ServerCrashLoop",
+        "StartupProbeFailing",
+    ]
+    eventually(
+        "a ServerCrashLoop Warning event",
+        lambda: (
+            True if any(e.reason == "ServerCrashLoop" for e in cluster.events("crash")) else None
+        ),
     )

@@ -53,7 +53,7 @@ OPERATOR_NEEDS: frozenset[tuple[str, str, str]] = frozenset(
     | {("get", "", "pods/log")}
     | {(verb, group, kind) for verb in ("get", "list", "watch", "create", "patch")
        for group, kind in (("batch", "jobs"), ("ray.io", "rayjobs"))}
-    | {("create", "", "events")}
+    | {(verb, "", "events") for verb in ("create", "list")}
 )  # fmt: skip
 # Things a compromised operator must not be able to do anywhere.
 NEVER_ALLOWED = [

@@ -53,8 +53,10 @@ tests/integration/test_packaging.py checks these rules against the operator's ne
 - apiGroups: ["ray.io"]
   resources: ["rayjobs"]
   verbs: ["get", "list", "watch", "create", "patch"]
-# kopf and the operator report transitions as Events on the EnvPool or TrainingRun.
+# kopf and the operator report transitions as Events on the EnvPool or TrainingRun; the watchdog
+# lists the Events of an env-server pod restarted and not up again (a startup-probe kill shows only
+# there).
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create"]
+  verbs: ["create", "list"]
 {{- end }}

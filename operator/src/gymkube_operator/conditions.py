@@ -10,6 +10,8 @@ from gymkube_operator.kinds import CamelModel
 
 REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 MAX_MESSAGE = 32768
+# A component's own words quoted in a condition message: one line of at most this many characters.
+MAX_LINE = 300
 
 Timestamp = Annotated[str, WithJsonSchema({"type": "string", "format": "date-time"})]
 
@@ -69,6 +71,17 @@ def set_condition(
     if previous is None:
         return [*conditions, condition]
     return [condition if c.type == type else c for c in conditions]
+
+
+def one_line(text: str | None, limit: int = MAX_LINE) -> str | None:
+    """The last non-blank line of a text, its whitespace collapsed and cut to fit."""
+    lines = [" ".join(line.split()) for line in (text or "").splitlines()]
+    last = next((line for line in reversed(lines) if line), None)
+    return None if last is None else cut(last, limit)
+
+
+def cut(text: str, limit: int = MAX_LINE) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def find_condition(conditions: list[Condition], type: str) -> Condition | None:

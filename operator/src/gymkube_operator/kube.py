@@ -114,12 +114,12 @@ class KubeClient:
         return result
 
     async def list(
-        self, api_version: str, kind: str, namespace: str, selector: str
+        self, api_version: str, kind: str, namespace: str, selector: str = "", fields: str = ""
     ) -> list[Object]:
+        """Objects matching a label selector and a field selector (either may be empty)."""
+        query = {k: v for k, v in (("labelSelector", selector), ("fieldSelector", fields)) if v}
         result = await self._request(
-            "GET",
-            resource_path(api_version, kind, namespace),
-            query={"labelSelector": selector},
+            "GET", resource_path(api_version, kind, namespace), query=query or None
         )
         items: list[Object] = result.get("items", [])
         return items

@@ -66,6 +66,11 @@ def test_env_servers_run_under_the_restricted_pod_security_standard() -> None:
     assert {"name": "tmp", "emptyDir": {}} in pod["volumes"]
 
 
+def test_a_server_that_exits_leaves_its_last_log_lines_in_the_pod_status() -> None:
+    # The watchdog reads them for the Degraded message (envpool.pods).
+    assert envserver()["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
 def test_env_server_command_carries_the_spec() -> None:
     container = envserver(
         replicas=3, sessionsPerReplica=8, warmSessionsPerReplica=3, args=["--log-level", "debug"]

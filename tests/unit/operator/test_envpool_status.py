@@ -5,6 +5,8 @@ from typing import Any
 import pytest
 from gymkube_operator.conditions import ConditionStatus, find_condition
 from gymkube_operator.envpool.models import EnvPoolSpec, EnvPoolStatus
+from gymkube_operator.envpool.pods import PodTrouble
+from gymkube_operator.envpool.reasons import Degraded
 from gymkube_operator.envpool.status import Observed, compute_status
 from gymkube_operator.envpool.watchdog import Failure, PodObservation, Probe
 
@@ -105,3 +107,37 @@ def test_transition_time_moves_only_when_a_condition_flips() -> None:
 
     assert ready_time(same) == "T1"
     assert ready_time(flipped) == "T3"
+
+
+def test_pods_that_do_not_come_up_mark_the_pool_degraded_with_their_cause() -> None:
+    sts, router = workload("StatefulSet", 2, 0), workload("Deployment", 1, 1)
+    crashing = PodTrouble("pool-0", Degraded.SERVER_CRASH_LOOP, "exited with code 2: bad env")
+    result = status(Observed(sts, router, pods=[], troubles=[crashing]))
+    degraded = find_condition(result.conditions, "Degraded")
+    assert degraded is not None
+    assert (degraded.status, degraded.reason) == (ConditionStatus.TRUE, "ServerCrashLoop")
+    assert degraded.message == "pod pool-0: exited with code 2: bad env"
+    assert degraded.observed_generation == 3
+    # The API server refusing a child comes first; the pods' cause before the watchdog's budget.
+    refused = status(Observed(None, None, troubles=[crashing], apply_error="422: bad"))
+    assert condition(refused, "Degraded") == (ConditionStatus.TRUE, "ApplyFailed")
+    spent = status(Observed(sts, router, pods=[], troubles=[crashing], budget_exhausted=True))
+    assert condition(spent, "Degraded") == (ConditionStatus.TRUE, "ServerCrashLoop")
+
+
+def test_a_reconcile_keeps_what_the_watchdog_last_saw_of_the_pods() -> None:
+    sts, router = workload("StatefulSet", 2, 0), workload("Deployment", 1, 1)
+    crashing = PodTrouble("pool-0", Degraded.SERVER_CRASH_LOOP, "exited with code 2")
+    watched = status(Observed(sts, router, pods=[], troubles=[crashing]), now="T1")
+    # A spec change reconciles without looking at pods: no flip to Healthy and back.
+    reconciled = status(Observed(sts, router), previous=watched, now="T2")
+    assert find_condition(reconciled.conditions, "Degraded") == find_condition(
+        watched.conditions, "Degraded"
+    )
+    # The watchdog's next look decides again.
+    healed = status(Observed(sts, router, pods=[]), previous=reconciled, now="T3")
+    assert condition(healed, "Degraded") == (ConditionStatus.FALSE, "Healthy")
+    # A refused apply is re-judged by the next apply.
+    refused = status(Observed(None, None, apply_error="422: bad"), now="T1")
+    applied = status(Observed(sts, router), previous=refused, now="T2")
+    assert condition(applied, "Degraded") == (ConditionStatus.FALSE, "Healthy")

@@ -56,7 +56,7 @@ def test_envpool_crd_has_the_kubectl_surface() -> None:
     assert crd["spec"]["names"]["shortNames"] == ["envp"]
     assert version["name"] == "v1alpha1"
     columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
-    assert columns == ["Ready", "Sessions", "Capacity", "URL", "Age"]
+    assert columns == ["Ready", "Sessions", "Capacity", "Health", "URL", "Age"]
     assert version["subresources"]["scale"] == {
         "specReplicasPath": ".spec.replicas",
         "statusReplicasPath": ".status.replicas",

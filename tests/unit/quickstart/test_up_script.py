@@ -131,5 +131,8 @@ def test_a_pool_that_needs_a_human_fails_the_wait_at_once_a_probing_one_does_not
 
     assert up.pool_failed(pool("ApplyFailed")) == "Degraded ApplyFailed: m"
     assert up.pool_failed(pool("RestartBudgetExhausted")) is not None
+    # What the operator reads on pods that cannot come up fails the wait at once, too.
+    for reason in ("ServerCrashLoop", "ImagePullFailed", "OutOfMemory", "Unschedulable"):
+        assert up.pool_failed(pool(reason)) == f"Degraded {reason}: m"
     assert up.pool_failed(pool("ProbesFailing")) is None
     assert up.pool_failed({"status": {}}) is None

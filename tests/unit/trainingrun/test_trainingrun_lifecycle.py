@@ -5,6 +5,7 @@ import json
 from typing import Any
 
 import pytest
+from gymkube_operator.conditions import MAX_LINE
 from gymkube_operator.objects import Object
 from gymkube_operator.trainingrun import lifecycle
 from gymkube_operator.trainingrun.lifecycle import Observed, Plan, Run
@@ -472,7 +473,7 @@ def test_a_failed_trainer_says_why_in_its_own_last_line() -> None:
 def test_a_long_trainer_line_is_cut_to_one_readable_line() -> None:
     plan = failed_with(trainer_pod({"exitCode": 2, "message": "RuntimeError: " + "x" * 5000}))
     line = message(plan, "Failed").split("code 2: ", 1)[1]
-    assert len(line) == lifecycle.MAX_TRAINER_LINE
+    assert len(line) == MAX_LINE
     assert line.startswith("RuntimeError: xxx")
     assert line.endswith("…")
     assert "\n" not in message(plan, "Failed")

@@ -160,6 +160,9 @@ def build_statefulset(pool: Owner, spec: EnvPoolSpec, settings: OperatorSettings
         settings.startup_probe_period_seconds,
         settings.startup_probe_failure_threshold,
     )
+    # A server that exits on a bad env or setting says why in its last log lines: the kubelet puts
+    # them into the pod status, where the watchdog reads them for the Degraded message.
+    container["terminationMessagePolicy"] = "FallbackToLogsOnError"
     drain_command = ["python3", "-c", DRAIN_SCRIPT, str(spec.port), str(drain)]
     container["lifecycle"] = {"preStop": {"exec": {"command": drain_command}}}
     pod_spec = merge(_pod_spec(container, drain + GRACE_AFTER_DRAIN), spec.pod_template)

@@ -3,6 +3,7 @@
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import time
 from typing import Any
 
@@ -10,7 +11,7 @@ import aiohttp
 import kopf
 
 from gymkube_operator.conditions import ConditionStatus, find_condition, now_rfc3339
-from gymkube_operator.envpool import builders
+from gymkube_operator.envpool import builders, pods
 from gymkube_operator.envpool.builders import COMPONENT_LABEL, ENVSERVER, POOL_LABEL, ROUTER
 from gymkube_operator.envpool.models import PLURAL, EnvPoolSpec, EnvPoolStatus
 from gymkube_operator.envpool.prober import observe
@@ -22,11 +23,13 @@ from gymkube_operator.kube import KubeError
 from gymkube_operator.objects import Object
 from gymkube_operator.runtime import Runtime, namespaced
 
+logger = logging.getLogger(__name__)
+
 PoolKey = tuple[str, str]
 WAKE_DEBOUNCE_SECONDS = 0.2
 PoolIndex = kopf.Index[PoolKey, Object]
 # The status fields of a StatefulSet or Deployment the pool status reads; indexes keep only these
-# (and only what the watchdog reads of pods) to bound the operator's memory.
+# (and only what the watchdog reads of pods, envpool.pods.slim_pod) to bound the operator's memory.
 WORKLOAD_STATUS = (
     "replicas",
     "readyReplicas",
@@ -43,24 +46,6 @@ def _slim_workload(body: kopf.Body) -> Object:
         "kind": body["kind"],
         "metadata": {"generation": body["metadata"].get("generation", 1)},
         "status": {k: status[k] for k in WORKLOAD_STATUS if k in status},
-    }
-
-
-def _slim_pod(body: kopf.Body) -> Object:
-    meta, status = body["metadata"], body.get("status", {})
-    return {
-        "metadata": {
-            k: meta[k]
-            for k in ("name", "uid", "creationTimestamp", "deletionTimestamp")
-            if k in meta
-        },
-        "status": {
-            "phase": status.get("phase"),
-            "podIP": status.get("podIP"),
-            "containerStatuses": [
-                {"started": c.get("started", False)} for c in status.get("containerStatuses", [])
-            ],
-        },
     }
 
 
@@ -146,7 +131,7 @@ async def reconcile(
 async def _carry_out(
     rt: Runtime,
     plan: Plan,
-    pods: dict[str, Object],
+    by_uid: dict[str, Object],
     spec: EnvPoolSpec,
     namespace: str,
     body: kopf.Body,
@@ -164,7 +149,7 @@ async def _carry_out(
             kopf.event(body, type=kind, reason=verb, message=_describe(action))
             done.append((action, is_restart))
     for action in plan.drain:
-        address = rt.resolve(pods[action.uid], spec.port)
+        address = rt.resolve(by_uid[action.uid], spec.port)
         if address is None:
             continue
         with contextlib.suppress(aiohttp.ClientError, TimeoutError):
@@ -173,6 +158,28 @@ async def _carry_out(
                 pass
         kopf.event(body, type="Normal", reason="PodDraining", message=_describe(action))
     return done
+
+
+async def _troubles(rt: Runtime, namespace: str, found: list[Object]) -> list[pods.PodTrouble]:
+    """Why pods are not coming up; the kubelet's Events are read only for pods whose status
+    cannot tell a startup-probe kill from an exit (a restarted container not up again)."""
+
+    async def events(pod: Object) -> list[Object]:
+        if not pods.startup_suspect(pod):
+            return []
+        uid = pod["metadata"]["uid"]
+        try:
+            return await rt.client.list(
+                "v1", "Event", namespace, fields=f"involvedObject.uid={uid}"
+            )
+        except KubeError as error:
+            # Without Events (say, RBAC from an older chart) the pod's status still tells most.
+            logger.warning("no Events of pod %s/%s: %s", namespace, pod["metadata"]["name"], error)
+            return []
+
+    read = await asyncio.gather(*(events(pod) for pod in found))
+    troubles = (pods.pod_trouble(pod, seen) for pod, seen in zip(found, read, strict=True))
+    return [trouble for trouble in troubles if trouble is not None]
 
 
 async def watch_once(
@@ -188,10 +195,11 @@ async def watch_once(
     statefulsets, routers, pods_index = indexes
     key = (namespace, name)
     spec = builders.parse_spec(body["spec"])
-    pods = [] if spec.suspend else list(pods_index.get(key, []))
+    found = [] if spec.suspend else list(pods_index.get(key, []))
     observations = await observe(
-        rt.probes, pods, spec.port, spec.watchdog, rt.resolve, rt.probe_limit
+        rt.probes, found, spec.port, spec.watchdog, rt.resolve, rt.probe_limit
     )
+    troubles = await _troubles(rt, namespace, found)
     async with state.lock:
         previous = state.previous(body)
         if not previous.observed_generation:
@@ -200,12 +208,13 @@ async def watch_once(
         plan = decide(
             observations, state.memory, spec.watchdog, restart_times(previous.restarts), now
         )
-        by_uid = {p["metadata"]["uid"]: p for p in pods}
+        by_uid = {p["metadata"]["uid"]: p for p in found}
         done = await _carry_out(rt, plan, by_uid, spec, namespace, body)
         observed = Observed(
             statefulset=_first(statefulsets, key),
             router=_first(routers, key),
             pods=observations,
+            troubles=troubles,
             budget_exhausted=plan.budget_exhausted and bool(plan.held),
         )
         if observed.statefulset is None or observed.router is None:
@@ -280,7 +289,7 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     async def envpool_pods(
         namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
     ) -> dict[PoolKey, Object]:
-        return {(namespaced(namespace), labels[POOL_LABEL]): _slim_pod(body)}
+        return {(namespaced(namespace), labels[POOL_LABEL]): pods.slim_pod(dict(body))}
 
     @kopf.on.resume(GROUP, VERSION, PLURAL, id="envpool_reconcile", registry=registry)
     @kopf.on.create(GROUP, VERSION, PLURAL, id="envpool_reconcile", registry=registry)

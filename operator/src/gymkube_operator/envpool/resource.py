@@ -30,6 +30,12 @@ ENVPOOL = CustomResource(
         PrinterColumn("Replicas", "integer", ".spec.replicas", "Wanted env-server pods", 1),
         PrinterColumn("Sessions", "integer", ".status.activeSessions", "Open sessions"),
         PrinterColumn("Capacity", "integer", ".status.capacity", "Sessions the pool can hold"),
+        PrinterColumn(
+            "Health",
+            "string",
+            ".status.conditions[?(@.type=='Degraded')].reason",
+            "Healthy, or why the pool is Degraded",
+        ),
         PrinterColumn("URL", "string", ".status.url", "The pool URL"),
         PrinterColumn("Env", "string", ".spec.env", "Env served", 1),
         PrinterColumn(

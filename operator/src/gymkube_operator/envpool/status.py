@@ -2,9 +2,11 @@
 
 import dataclasses
 
-from gymkube_operator.conditions import Condition, ConditionStatus, set_condition
+from gymkube_operator.conditions import Condition, ConditionStatus, find_condition, set_condition
 from gymkube_operator.envpool.builders import pool_url, selector_string
 from gymkube_operator.envpool.models import EnvPoolSpec, EnvPoolStatus, RestartsStatus
+from gymkube_operator.envpool.pods import PodTrouble, degradation
+from gymkube_operator.envpool.reasons import Degraded
 from gymkube_operator.envpool.watchdog import PodObservation
 from gymkube_operator.objects import Object
 
@@ -20,6 +22,8 @@ class Observed:
     statefulset: Object | None
     router: Object | None
     pods: list[PodObservation] | None = None  # None when the watchdog did not probe this time
+    # Why pods are not coming up (envpool.pods), from the same look at them.
+    troubles: list[PodTrouble] = dataclasses.field(default_factory=list)
     budget_exhausted: bool = False
     apply_error: str | None = None
 
@@ -81,19 +85,25 @@ def _progressing(
     return ConditionStatus.FALSE, "Complete", "the pool matches its spec"
 
 
-def _degraded(observed: Observed) -> tuple[ConditionStatus, str, str]:
+def _degraded(observed: Observed, previous: Condition | None) -> tuple[ConditionStatus, str, str]:
     if observed.apply_error:
-        return ConditionStatus.TRUE, "ApplyFailed", observed.apply_error
+        return ConditionStatus.TRUE, Degraded.APPLY_FAILED, observed.apply_error
+    if observed.pods is None and previous is not None and previous.reason != Degraded.APPLY_FAILED:
+        # Only the watchdog looks at the pods: until its next period, what it last saw stands.
+        return previous.status, previous.reason, previous.message
+    if (found := degradation(observed.troubles)) is not None:
+        return ConditionStatus.TRUE, *found
     if observed.budget_exhausted:
         return (
             ConditionStatus.TRUE,
-            "RestartBudgetExhausted",
+            Degraded.RESTART_BUDGET_EXHAUSTED,
             "the watchdog restarted too many pods recently and is backing off",
         )
     failing = [p.name for p in observed.pods or [] if p.probe and p.probe.failure]
     if failing:
-        return ConditionStatus.TRUE, "ProbesFailing", f"failing probes: {', '.join(failing)}"
-    return ConditionStatus.FALSE, "Healthy", "no failures seen"
+        message = f"failing probes: {', '.join(failing)}"
+        return ConditionStatus.TRUE, Degraded.PROBES_FAILING, message
+    return ConditionStatus.FALSE, Degraded.HEALTHY, "no failures seen"
 
 
 def compute_status(
@@ -118,7 +128,7 @@ def compute_status(
     for kind, (status, reason, message) in (
         (READY, _ready(spec, ready, router_ready, observed)),
         (PROGRESSING, _progressing(spec, observed, wanted)),
-        (DEGRADED, _degraded(observed)),
+        (DEGRADED, _degraded(observed, find_condition(previous.conditions, DEGRADED))),
     ):
         conditions = set_condition(
             conditions,

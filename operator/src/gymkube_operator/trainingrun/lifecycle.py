@@ -17,6 +17,7 @@ from gymkube_operator.conditions import (
     ConditionStatus,
     find_condition,
     now_rfc3339,
+    one_line,
     set_condition,
 )
 from gymkube_operator.objects import Object
@@ -50,8 +51,6 @@ _PHASE_CONDITIONS = (
 _REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
 # What gymkube-train prints on the trainer's stdout after every step: this, then one JSON object.
 PROGRESS_PREFIX = "gymkube-progress "
-# A failed trainer's own words in the Failed condition: one line of at most this many characters.
-MAX_TRAINER_LINE = 300
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,15 +217,6 @@ def trainer_started(pod: Object) -> bool:
     """Whether the trainer container has started, so that it has a log to read."""
     state = (container_status(pod, render.TRAINER) or {}).get("state") or {}
     return "running" in state or "terminated" in state
-
-
-def one_line(text: str | None) -> str | None:
-    """The last non-blank line of a message, its whitespace collapsed and cut to fit."""
-    lines = [" ".join(line.split()) for line in (text or "").splitlines()]
-    last = next((line for line in reversed(lines) if line), None)
-    if last is None or len(last) <= MAX_TRAINER_LINE:
-        return last
-    return last[: MAX_TRAINER_LINE - 1] + "…"
 
 
 def _memory_limit(pod: Object | None) -> str | None:
