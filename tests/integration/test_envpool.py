@@ -81,6 +81,28 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("empty image", {"image": ""}, "spec.image: Invalid value"),
     ("typo in a field", {"sessionPerReplica": 4}, 'unknown field "spec.sessionPerReplica"'),
     ("too many routers", {"router": {"replicas": 500}}, "should be less than or equal to 100"),
+    (
+        "no router",
+        {"router": {"replicas": 0}},
+        "spec.router.replicas: Invalid value: 0: spec.router.replicas in body should be greater "
+        "than or equal to 1",
+    ),
+    (
+        "too many sessions",
+        {"sessionsPerReplica": 5000},
+        "spec.sessionsPerReplica: Invalid value: 5000",
+    ),
+    (
+        "too many warm sessions",
+        {"sessionsPerReplica": 4096, "warmSessionsPerReplica": 5000},
+        "spec.warmSessionsPerReplica: Invalid value: 5000",
+    ),
+    ("too many replicas", {"replicas": 5000}, "spec.replicas: Invalid value: 5000"),
+    (
+        "recycle after a century",
+        {"watchdog": {"maxAgeSeconds": 3_153_600_000}},
+        "spec.watchdog.maxAgeSeconds: Invalid value",
+    ),
     ("zero unavailable", {"watchdog": {"maxUnavailable": 0}}, "spec.watchdog.maxUnavailable"),
 ]
 

@@ -9,6 +9,7 @@ from gymkube_operator.envpool.pods import PodTrouble
 from gymkube_operator.envpool.reasons import Degraded
 from gymkube_operator.envpool.status import Observed, compute_status
 from gymkube_operator.envpool.watchdog import Failure, PodObservation, Probe
+from pydantic import ValidationError
 
 pytestmark = pytest.mark.unit
 
@@ -141,3 +142,21 @@ def test_a_reconcile_keeps_what_the_watchdog_last_saw_of_the_pods() -> None:
     refused = status(Observed(None, None, apply_error="422: bad"), now="T1")
     applied = status(Observed(sts, router), previous=refused, now="T2")
     assert condition(applied, "Degraded") == (ConditionStatus.FALSE, "Healthy")
+
+
+def test_a_pool_without_a_ready_router_is_never_ready() -> None:
+    servers_up = workload("StatefulSet", 2, 2)
+    result = status(Observed(servers_up, workload("Deployment", 1, 0)))
+    assert condition(result, "Ready") == (ConditionStatus.FALSE, "RouterNotReady")
+
+
+def test_a_pool_needs_at_least_one_router_and_bounded_counts() -> None:
+    with pytest.raises(ValidationError, match=r"router\.replicas"):
+        EnvPoolSpec.model_validate({"env": "frozen_lake", "router": {"replicas": 0}})
+    for field, value in (
+        ("sessionsPerReplica", 4097),
+        ("warmSessionsPerReplica", 4097),
+        ("replicas", 1001),
+    ):
+        with pytest.raises(ValidationError, match=field):
+            EnvPoolSpec.model_validate({"env": "frozen_lake", field: value})

@@ -17,7 +17,10 @@ ENV_PATTERN = (
 class RouterSpec(CamelModel):
     """The session router Deployment in front of the env servers."""
 
-    replicas: int = Field(1, ge=0, le=100, description="Router pods; the router is stateless.")
+    # At least one: the pool URL is the router's Service, and a pool nobody can reach is no pool.
+    replicas: int = Field(
+        1, ge=1, le=100, description="Router pods (at least 1: they serve the pool URL)."
+    )
     image: str | None = Field(
         None, min_length=1, description="Router image; the operator's default when unset."
     )
@@ -60,9 +63,17 @@ class WatchdogSpec(CamelModel):
         120, ge=1, le=3600, description="A canary episode slower than this fails."
     )
     max_sessions_served: int = Field(
-        0, ge=0, description="Recycle a pod after it served this many sessions; 0 never."
+        0,
+        ge=0,
+        le=100_000_000,
+        description="Recycle a pod after it served this many sessions; 0 never.",
     )
-    max_age_seconds: int = Field(0, ge=0, description="Recycle a pod older than this; 0 never.")
+    max_age_seconds: int = Field(
+        0,
+        ge=0,
+        le=31_536_000,
+        description="Recycle a pod older than this (a year at most); 0 never.",
+    )
     drain_timeout_seconds: int = Field(
         300,
         ge=0,
@@ -70,7 +81,7 @@ class WatchdogSpec(CamelModel):
         description="How long a draining pod may keep live sessions before it is deleted.",
     )
     max_unavailable: int = Field(
-        1, ge=1, description="At most this many pods are restarted or recycled at once."
+        1, ge=1, le=1000, description="At most this many pods are restarted or recycled at once."
     )
     restart_budget: int = Field(
         5,
@@ -129,7 +140,7 @@ class EnvPoolSpec(CamelModel):
         16, ge=1, le=4096, description="Concurrent sessions one env server accepts."
     )
     warm_sessions_per_replica: int = Field(
-        2, ge=0, description="Sessions each server keeps started ahead of /create."
+        2, ge=0, le=4096, description="Sessions each server keeps started ahead of /create."
     )
     idle_timeout_seconds: int = Field(
         600, ge=1, le=604800, description="A session idle this long is closed by its server."

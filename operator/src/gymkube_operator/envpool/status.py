@@ -60,7 +60,7 @@ def _ready(
             "ServersNotReady",
             f"{ready}/{spec.replicas} env servers ready",
         )
-    if spec.router.replicas and router_ready == 0:
+    if router_ready == 0:
         return ConditionStatus.FALSE, "RouterNotReady", "no session router is ready"
     message = f"{ready}/{spec.replicas} env servers and {router_ready} routers ready"
     return ConditionStatus.TRUE, "AllReplicasReady", message
