@@ -139,6 +139,25 @@ class Cluster:
             )
         return len(pods)
 
+    def report_container(self, pod: str, container: dict[str, Any]) -> None:
+        """Do what a kubelet would: report the env-server container's state (running, waiting,
+        restarted, with its termination message) on a pod of the pool."""
+        spec = self.core.read_namespaced_pod(pod, self.namespace).spec.containers[0]
+        status = {
+            "phase": "Running",
+            "containerStatuses": [
+                {
+                    "name": spec.name,
+                    "image": spec.image,
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 0,
+                    **container,
+                }
+            ],
+        }
+        self.core.patch_namespaced_pod_status(pod, self.namespace, {"status": status})
+
 
 class OperatorProcess:
     """`gymkube-operator` as users run it, watching one namespace, its log in a file."""

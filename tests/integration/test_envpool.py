@@ -381,14 +381,9 @@ def _play_kubelet(cluster: Cluster, pool: str, container: dict[str, Any]) -> Non
         message = "0/3 nodes are available: 3 Insufficient memory."
         unscheduled = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
         status = {"conditions": [{**unscheduled, "message": message, "lastTransitionTime": now}]}
+        cluster.core.patch_namespaced_pod_status(name, cluster.namespace, {"status": status})
     else:
-        image = pod.spec.containers[0].image
-        base = {"name": "envserver", "image": image, "imageID": "", "ready": False}
-        status = {
-            "phase": "Running",
-            "containerStatuses": [{"restartCount": 0, **base, **container}],
-        }
-    cluster.core.patch_namespaced_pod_status(name, cluster.namespace, {"status": status})
+        cluster.report_container(name, container)
     if pool == "startup":
         for reason, said, at in (
             ("Unhealthy", STARTUP_FAILED, "2026-05-01T12:04:55Z"),

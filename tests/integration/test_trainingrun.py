@@ -672,3 +672,56 @@ def test_ttl_deletes_the_finished_run_and_its_children(kube: ControlPlane, runs:
         lambda: runs.children("short") == set() or None,
         timeout=90,
     )
+
+
+SERVER_ERROR = "gymkube-envserver: os has no class 'path'"
+
+
+def test_a_run_on_a_crash_looping_pool_says_why_and_fails_after_its_timeout(
+    kube: ControlPlane, runs: Runs
+) -> None:
+    cluster = Cluster(runs.api, runs.namespace)
+    cluster.create(
+        envpool(
+            "broken",
+            env="plugin:os:path",
+            watchdog={"probePeriodSeconds": 2, "probeTimeoutSeconds": 1},
+        )
+    )
+    eventually(
+        "pod broken-0",
+        lambda: (
+            runs.core.list_namespaced_pod(
+                runs.namespace, field_selector="metadata.name=broken-0"
+            ).items
+            or None
+        ),
+    )
+    cluster.report_container(
+        "broken-0",
+        {
+            "restartCount": 2,
+            "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 20s"}},
+            "lastState": {
+                "terminated": {"exitCode": 2, "reason": "Error", "message": f"{SERVER_ERROR}\n"}
+            },
+        },
+    )
+    runs.create("on-broken", envPoolRef={"name": "broken"}, envPoolTimeoutSeconds=60)
+    waiting = runs.wait_condition("on-broken", "EnvPoolReady", "False", "EnvPoolDegraded")
+    assert waiting["message"] == (
+        "EnvPool broken is Degraded (ServerCrashLoop: pod broken-0: exited with code 2, "
+        f"2 restarts: {SERVER_ERROR})"
+    )
+    assert runs.get("on-broken")["status"]["phase"] == "WaitingForEnvPool"  # type: ignore[index]
+    failed = runs.wait_condition("on-broken", "Failed", "True", "EnvPoolTimeout", timeout=90)
+    assert failed["message"].startswith("waited 6")
+    assert (
+        "(envPoolTimeoutSeconds: 60) for its pool; last seen: EnvPool broken is Degraded"
+        in (failed["message"])
+    )
+    assert SERVER_ERROR in failed["message"]
+    assert runs.children("on-broken") == set()
+    assert {"EnvPoolDegraded", "EnvPoolTimeout"} <= eventually(
+        "events", lambda: runs.event_reasons("on-broken") or None
+    )

@@ -15,6 +15,7 @@ from gymkube_operator.trainingrun.models import (
     TrainingRunSpec,
     TrainingRunStatus,
 )
+from pydantic import ValidationError
 
 pytestmark = pytest.mark.unit
 
@@ -502,3 +503,67 @@ def test_the_jobs_own_failure_reason_wins_over_the_trainers_exit() -> None:
     # No pod (deleted, or never started): the Job's words alone.
     assert condition(failed_with(None), "Failed") == ("True", "BackoffLimitExceeded")
     assert condition(failed_with(trainer_pod(None)), "Failed") == ("True", "BackoffLimitExceeded")
+
+
+def degraded_pool(reason: str, message: str) -> Object:
+    stuck = pool(ready=False, reason="ServersNotReady")
+    stuck["status"]["conditions"].append(
+        {"type": "Degraded", "status": "True", "reason": reason, "message": message}
+    )
+    return stuck
+
+
+def test_a_pool_degraded_for_good_is_named_in_the_runs_own_condition() -> None:
+    crash = "pod sciworld-0: exited with code 2, 3 restarts: gymkube-envserver: unknown game"
+    waiting = step(Observed(pool=pool(ready=False, reason="ServersNotReady")))
+    plan = step(Observed(pool=degraded_pool("ServerCrashLoop", crash)), waiting.status)
+    assert plan.create == []
+    assert plan.status.phase == Phase.WAITING_FOR_ENV_POOL
+    assert condition(plan, "EnvPoolReady") == ("False", lifecycle.ENV_POOL_DEGRADED)
+    assert (
+        message(plan, "EnvPoolReady") == f"EnvPool sciworld is Degraded (ServerCrashLoop: {crash})"
+    )
+    # The change of reason is an Event too, though the condition stays False.
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", "EnvPoolDegraded")]
+    # Failing probes are the watchdog's to fix: still only not Ready.
+    probing = step(Observed(pool=degraded_pool("ProbesFailing", "failing probes: sciworld-0")))
+    assert condition(probing, "EnvPoolReady") == ("False", "EnvPoolNotReady")
+
+
+def test_a_run_fails_when_its_pool_is_not_ready_within_its_timeout() -> None:
+    stuck = Observed(pool=degraded_pool("ImagePullFailed", "pod sciworld-0: cannot pull image x"))
+    first = step(stuck, envPoolTimeoutSeconds=600)
+    almost = step(
+        stuck, first.status, NOW + datetime.timedelta(seconds=599), envPoolTimeoutSeconds=600
+    )
+    assert almost.status.phase == Phase.WAITING_FOR_ENV_POOL
+    late = NOW + datetime.timedelta(seconds=600)
+    plan = step(stuck, almost.status, late, envPoolTimeoutSeconds=600)
+    assert plan.create == []
+    assert plan.status.phase == Phase.FAILED
+    assert condition(plan, "Failed") == ("True", lifecycle.ENV_POOL_TIMEOUT)
+    assert message(plan, "Failed") == (
+        "waited 600s (envPoolTimeoutSeconds: 600) for its pool; last seen: EnvPool sciworld is "
+        "Degraded (ImagePullFailed: pod sciworld-0: cannot pull image x)"
+    )
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", "EnvPoolTimeout")]
+    # The default is half an hour; a missing pool times out as well.
+    missing = step(Observed(pool=None))
+
+    def after(seconds: int) -> Phase:
+        later = NOW + datetime.timedelta(seconds=seconds)
+        return step(Observed(pool=None), missing.status, later).status.phase
+
+    assert (after(1799), after(1800)) == (Phase.WAITING_FOR_ENV_POOL, Phase.FAILED)
+
+
+def test_a_suspended_run_waits_for_its_pool_without_a_timeout() -> None:
+    first = step(Observed(pool=None), suspend=True)
+    later = step(Observed(pool=None), first.status, NOW + datetime.timedelta(days=2), suspend=True)
+    assert later.status.phase == Phase.WAITING_FOR_ENV_POOL
+
+
+def test_the_pool_timeout_is_bounded() -> None:
+    for value in (0, 59, 604801):
+        with pytest.raises(ValidationError, match="envPoolTimeoutSeconds"):
+            spec(envPoolTimeoutSeconds=value)

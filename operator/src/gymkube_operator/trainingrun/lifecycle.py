@@ -20,6 +20,7 @@ from gymkube_operator.conditions import (
     one_line,
     set_condition,
 )
+from gymkube_operator.envpool.reasons import STUCK
 from gymkube_operator.objects import Object
 from gymkube_operator.trainingrun import device, render
 from gymkube_operator.trainingrun.command import RunTarget
@@ -33,6 +34,10 @@ from gymkube_operator.trainingrun.models import (
 )
 
 ENV_POOL_READY = "EnvPoolReady"
+# EnvPoolReady=False because the pool is Degraded for a reason waiting does not fix.
+ENV_POOL_DEGRADED = "EnvPoolDegraded"
+# Failed: the pool was not Ready within spec.envPoolTimeoutSeconds.
+ENV_POOL_TIMEOUT = "EnvPoolTimeout"
 PREFLIGHT_PASSED = "PreflightPassed"
 RUNNING = "Running"
 SUCCEEDED = "Succeeded"
@@ -146,16 +151,24 @@ def job_finished(job: Object) -> bool:
     return _true(job, "Complete") is not None or _true(job, "Failed") is not None
 
 
+def _pool_condition(pool: Object, type_: str) -> Object | None:
+    conditions = (pool.get("status") or {}).get("conditions") or []
+    found: Object | None = next((c for c in conditions if c.get("type") == type_), None)
+    return found
+
+
 def pool_state(pool: Object | None, pool_name: str) -> tuple[bool, str, str]:
     """(ready, reason, message) of the referenced EnvPool."""
     if pool is None:
         return False, "EnvPoolNotFound", f"EnvPool {pool_name} does not exist in this namespace"
     status = pool.get("status", {}) or {}
-    ready = _true(pool, "Ready")
-    if ready is None:
-        condition = next(
-            (c for c in status.get("conditions", []) or [] if c.get("type") == "Ready"), None
-        )
+    if _true(pool, "Ready") is None:
+        degraded = _pool_condition(pool, "Degraded") or {}
+        if degraded.get("status") == "True" and degraded.get("reason") in STUCK:
+            # Waiting will not make this pool Ready: say why in the pool's own words.
+            detail = f"{degraded['reason']}: {degraded.get('message', '')}"
+            return False, ENV_POOL_DEGRADED, f"EnvPool {pool_name} is Degraded ({detail})"
+        condition = _pool_condition(pool, "Ready")
         detail = (
             f"{condition.get('reason', '')}: {condition.get('message', '')}"
             if condition
@@ -165,6 +178,22 @@ def pool_state(pool: Object | None, pool_name: str) -> tuple[bool, str, str]:
     if not status.get("url"):
         return False, "EnvPoolNotReady", f"EnvPool {pool_name} is Ready but has no status.url"
     return True, "EnvPoolReady", f"EnvPool {pool_name} is Ready at {status['url']}"
+
+
+def _seconds_since(timestamp: str, now: datetime.datetime) -> float:
+    then = datetime.datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+    return (now - then).total_seconds()
+
+
+def pool_wait_over(
+    spec: TrainingRunSpec, status: TrainingRunStatus, now: datetime.datetime
+) -> float | None:
+    """Seconds the run has waited for its pool, once that is past spec.envPoolTimeoutSeconds."""
+    waiting = find_condition(status.conditions, ENV_POOL_READY)
+    if waiting is None or waiting.status != FALSE:
+        return None
+    waited = _seconds_since(waiting.last_transition_time, now)
+    return waited if waited >= spec.env_pool_timeout_seconds else None
 
 
 def parse_summary(message: str | None) -> tuple[dict[str, Any] | None, str | None]:
@@ -388,7 +417,9 @@ class _Writer:
             if (
                 after is not None
                 and after.status != UNKNOWN
-                and (before is None or before.status != after.status)
+                and (
+                    before is None or (before.status, before.reason) != (after.status, after.reason)
+                )
             ):
                 warn = after.status == FALSE
                 found.append(Event("Warning" if warn else "Normal", after.reason, after.message))
@@ -455,6 +486,16 @@ def plan(
         return _follow_child(spec, observed, writer, now)
 
     if not ready:
+        waited = None if spec.suspend else pool_wait_over(spec, writer.status, now)
+        if waited is not None:
+            return done(
+                _Outcome(
+                    Phase.FAILED,
+                    ENV_POOL_TIMEOUT,
+                    f"waited {int(waited)}s (envPoolTimeoutSeconds: "
+                    f"{spec.env_pool_timeout_seconds}) for its pool; last seen: {message}",
+                )
+            )
         return done(_Outcome(Phase.WAITING_FOR_ENV_POOL, reason, message))
     if spec.suspend:
         return done(_Outcome(Phase.SUSPENDED, "Suspended", "the run is suspended (spec.suspend)"))

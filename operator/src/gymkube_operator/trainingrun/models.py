@@ -147,6 +147,15 @@ class TrainingRunSpec(CamelModel):
     )
 
     env_pool_ref: EnvPoolRef = Field(description="The EnvPool the agent loop plays.")
+    env_pool_timeout_seconds: int = Field(
+        1800,
+        ge=60,
+        le=604800,
+        description=(
+            "The run fails (EnvPoolTimeout) when its pool has not been Ready for this long before "
+            "the training child exists; there is no waiting forever."
+        ),
+    )
     image: str | None = Field(
         None, min_length=1, description="Trainer image (verl + vLLM + gymkube-agentloop)."
     )
