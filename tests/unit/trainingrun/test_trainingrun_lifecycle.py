@@ -15,6 +15,7 @@ from gymkube_operator.trainingrun.models import (
     TrainingRunSpec,
     TrainingRunStatus,
 )
+from gymkube_operator.trainingrun.overrides import OverrideProblem
 from pydantic import ValidationError
 
 pytestmark = pytest.mark.unit
@@ -567,3 +568,16 @@ def test_the_pool_timeout_is_bounded() -> None:
     for value in (0, 59, 604801):
         with pytest.raises(ValidationError, match="envPoolTimeoutSeconds"):
             spec(envPoolTimeoutSeconds=value)
+
+
+def test_an_override_verl_refuses_fails_the_run_before_anything_exists() -> None:
+    problem = OverrideProblem(0, "trainer.total_epoch=3", "spec.overrides[0] ...: did you mean?")
+    # Not even the pool is waited for: no waiting makes it compose.
+    plan = step(Observed(pool=None, override_problem=problem), overrides=["trainer.total_epoch=3"])
+    assert plan.create == []
+    assert plan.status.phase == Phase.FAILED
+    assert condition(plan, "Failed") == ("True", lifecycle.INVALID_OVERRIDE)
+    assert message(plan, "Failed") == problem.message
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", "InvalidOverride")]
+    ready = step(Observed(pool=pool(), override_problem=problem))
+    assert ready.create == []

@@ -58,8 +58,12 @@ class RunTarget:
 
     @property
     def checkpoint_dir(self) -> str:
-        # One checkpoints volume can hold many runs; a run recreated under the same name resumes.
-        return f"{CHECKPOINTS_DIR}/{self.name}"
+        return checkpoint_dir(self.name)
+
+
+def checkpoint_dir(run: str) -> str:
+    # One checkpoints volume can hold many runs; a run recreated under the same name resumes.
+    return f"{CHECKPOINTS_DIR}/{run}"
 
 
 def hydra_string(value: str) -> str:
@@ -75,7 +79,12 @@ def hydra_list(values: list[str]) -> str:
 def verl_overrides(target: RunTarget) -> list[str]:
     """gymkube's overrides for verl.trainer.main_ppo, then the device's, then the user's own
     (last one wins)."""
-    spec = target.spec
+    return run_overrides(target.name, target.spec)
+
+
+def run_overrides(name: str, spec: TrainingRunSpec) -> list[str]:
+    """verl_overrides from the run's name and spec alone (no pool needed), so they can be checked
+    before the pool is Ready."""
     loop = spec.agent_loop
     rollout = "actor_rollout_ref.rollout"
     max_tokens_per_gpu = max(MIN_TOKENS_PER_GPU, loop.max_prompt_tokens + loop.max_response_tokens)
@@ -101,9 +110,9 @@ def verl_overrides(target: RunTarget) -> list[str]:
         f"{rollout}.multi_turn.max_user_turns={loop.max_turns}",
         f"trainer.nnodes={spec.nodes}",
         f"trainer.n_gpus_per_node={spec.gpus_per_node}",
-        f"trainer.default_local_dir={hydra_string(target.checkpoint_dir)}",
+        f"trainer.default_local_dir={hydra_string(checkpoint_dir(name))}",
         "trainer.project_name=gymkube",
-        f"trainer.experiment_name={hydra_string(target.name)}",
+        f"trainer.experiment_name={hydra_string(name)}",
         # verl's default logger list includes wandb, which fails without an API key; gymkube-train
         # reads the file logger's records (it sets VERL_FILE_LOGGER_PATH).
         f"trainer.logger={hydra_list(['console', 'file'])}",

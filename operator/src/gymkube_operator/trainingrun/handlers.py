@@ -17,7 +17,7 @@ from gymkube_operator.kinds import API_VERSION, GROUP, VERSION
 from gymkube_operator.kube import KubeError
 from gymkube_operator.objects import Object
 from gymkube_operator.runtime import Runtime, namespaced
-from gymkube_operator.trainingrun import lifecycle, render
+from gymkube_operator.trainingrun import command, lifecycle, overrides, render
 from gymkube_operator.trainingrun.models import KIND, PLURAL, TrainingRunSpec, TrainingRunStatus
 
 logger = logging.getLogger(__name__)
@@ -80,6 +80,11 @@ async def observe(
         training = await rt.client.get(api_version, kind, namespace, render.training_name(name))
     if training is not None and kind == "Job":
         trainer_pod, trainer_log = await _trainer(rt, namespace, render.training_name(name))
+    problem = None
+    if training is None and spec.overrides:
+        # Hydra composes for a few hundred milliseconds: off the event loop (and once per list).
+        rendered = command.run_overrides(name, spec)
+        problem = await asyncio.to_thread(overrides.check, rendered, len(spec.overrides))
     preflight_job = message = None
     if spec.preflight.enabled and training is None:
         job_name = render.preflight_job_name(name)
@@ -94,6 +99,7 @@ async def observe(
         trainer_pod=trainer_pod,
         trainer_log=trainer_log,
         rayjob_served=rayjob_served,
+        override_problem=problem,
     )
 
 

@@ -32,12 +32,15 @@ from gymkube_operator.trainingrun.models import (
     TrainingRunSpec,
     TrainingRunStatus,
 )
+from gymkube_operator.trainingrun.overrides import OverrideProblem
 
 ENV_POOL_READY = "EnvPoolReady"
 # EnvPoolReady=False because the pool is Degraded for a reason waiting does not fix.
 ENV_POOL_DEGRADED = "EnvPoolDegraded"
 # Failed: the pool was not Ready within spec.envPoolTimeoutSeconds.
 ENV_POOL_TIMEOUT = "EnvPoolTimeout"
+# Failed: verl's config refuses one of spec.overrides.
+INVALID_OVERRIDE = "InvalidOverride"
 PREFLIGHT_PASSED = "PreflightPassed"
 RUNNING = "Running"
 SUCCEEDED = "Succeeded"
@@ -86,6 +89,8 @@ class Observed:
     trainer_log: str | None = None
     # Whether the API server serves ray.io/v1 RayJob; None when nobody asked (nodes = 1).
     rayjob_served: bool | None = None
+    # What verl's config says of spec.overrides; None when they compose (or nobody asked).
+    override_problem: OverrideProblem | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -477,6 +482,10 @@ def plan(
                 "does not serve: install the KubeRay operator, or use nodes: 1",
             )
         )
+
+    if observed.training is None and observed.override_problem is not None:
+        # Refused before the pool, the preflight and any GPU: no waiting makes it compose.
+        return done(_Outcome(Phase.FAILED, INVALID_OVERRIDE, observed.override_problem.message))
 
     pool_name = spec.env_pool_ref.name
     ready, reason, message = pool_state(observed.pool, pool_name)

@@ -185,7 +185,10 @@ class TrainingRunSpec(CamelModel):
     dataset: DatasetSpec = Field(default_factory=DatasetSpec, description="Dataset rows.")
     overrides: list[Annotated[str, Field(pattern=OVERRIDE_PATTERN)]] = Field(
         default_factory=list,
-        description="Hydra overrides for verl.trainer.main_ppo, applied after gymkube's own.",
+        description=(
+            "Hydra overrides for verl.trainer.main_ppo, applied after gymkube's own; checked "
+            "against verl's ppo_trainer config before anything is created."
+        ),
     )
     checkpoints: FreeForm | None = Field(
         None,
