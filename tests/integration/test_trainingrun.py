@@ -450,7 +450,8 @@ def test_a_run_waits_for_its_pool_then_preflights_then_trains_then_fails(
 
     runs.finish_pod("life-preflight", 0, json.dumps(SUMMARY, separators=(",", ":")))
     passed = runs.wait_condition("life", "PreflightPassed", "True", "PreflightSucceeded")
-    assert json.loads(passed["message"]) == SUMMARY
+    # One line in the condition; the whole summary in status.preflight.
+    assert passed["message"] == "8 episodes; mean score 0.25; env errors: none"
     run = runs.wait_phase("life", "Starting")
     assert run["status"]["preflight"]["summary"] == SUMMARY
     assert run["status"]["envPoolUrl"] == url
@@ -553,7 +554,11 @@ def test_a_failed_preflight_fails_the_run_and_asks_for_no_gpu(
     summary = {"ok": False, "episodes": 8, "env_errors": {"500": 8}}
     runs.finish_pod("broken-env-preflight", 1, json.dumps(summary))
     failed = runs.wait_condition("broken-env", "Failed", "True", "PreflightFailed")
-    assert '"500": 8' in failed["message"]
+    assert (
+        failed["message"]
+        == "preflight Job broken-env-preflight failed: 8 episodes; env errors: 500 8"
+    )
+    assert runs.get("broken-env")["status"]["preflight"]["summary"] == summary  # type: ignore[index]
     assert runs.children("broken-env") == {
         ("ConfigMap", "broken-env-agent-loop"),
         ("Job", "broken-env-preflight"),

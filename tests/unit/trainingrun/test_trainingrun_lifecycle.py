@@ -149,7 +149,7 @@ def test_passed_preflight_creates_config_map_and_training_job() -> None:
     assert plan.status.preflight.summary == SUMMARY
     assert plan.status.preflight.passed is True
     message = next(c.message for c in plan.status.conditions if c.type == "PreflightPassed")
-    assert json.loads(message) == SUMMARY
+    assert message == "8 episodes; mean score 0.40; env errors: none"
     assert plan.status.phase == Phase.STARTING
     assert plan.status.training is not None
     assert (plan.status.training.kind, plan.status.training.name) == ("Job", "grpo-train")
@@ -159,7 +159,7 @@ def test_passed_preflight_creates_config_map_and_training_job() -> None:
 def test_failed_preflight_fails_the_run_with_its_summary() -> None:
     first = step(Observed(pool=pool()))
     failed = job("grpo-preflight", ("Failed", "BackoffLimitExceeded"))
-    summary = {"ok": False, "env_errors": {"500": 3}}
+    summary = {"ok": False, "env_errors": {"http_500": 3}}
     plan = step(
         Observed(pool=pool(), preflight_job=failed, preflight_message=json.dumps(summary)),
         first.status,
@@ -168,7 +168,11 @@ def test_failed_preflight_fails_the_run_with_its_summary() -> None:
     assert plan.status.phase == Phase.FAILED
     assert condition(plan, "Failed") == ("True", "PreflightFailed")
     assert condition(plan, "PreflightPassed") == ("False", "PreflightFailed")
-    assert '"500": 3' in next(c.message for c in plan.status.conditions if c.type == "Failed")
+    assert next(c.message for c in plan.status.conditions if c.type == "Failed") == (
+        "preflight Job grpo-preflight failed: ? episodes; env errors: http_500 3"
+    )
+    assert plan.status.preflight is not None
+    assert plan.status.preflight.summary == summary
     assert plan.status.completion_time == "2026-05-01T12:00:00Z"
     assert any(e.type == "Warning" and e.reason == "PreflightFailed" for e in plan.events)
 
@@ -581,3 +585,55 @@ def test_an_override_verl_refuses_fails_the_run_before_anything_exists() -> None
     assert [(e.type, e.reason) for e in plan.events] == [("Warning", "InvalidOverride")]
     ready = step(Observed(pool=pool(), override_problem=problem))
     assert ready.create == []
+
+
+def test_the_preflight_summary_is_one_line_in_the_condition_and_whole_in_the_status() -> None:
+    summary = {
+        "ok": False,
+        "env": "sciworld",
+        "episodes": 8,
+        "endings": {"done": 5, "max_turns": 2, "env_lost": 1},
+        "env_errors": {"session_lost": 1},
+        "failures": [{"data_idx": 3, "ending": "env_lost", "detail": "410: backend\ngone"}],
+        "latency_ms": {
+            "create": {"p50": 3.2, "p90": 9.0},
+            "step": {"p50": 11.7, "p90": 40.0},
+            "close": {},
+        },
+        "mean_score": 0.4375,
+        "mean_steps": 12.5,
+    }
+    assert lifecycle.preflight_line(summary) == (
+        "8 episodes (done 5, max_turns 2, env_lost 1); mean score 0.44; p50 ms: create 3, step 12; "
+        "env errors: session_lost 1; first failure: task 3 env_lost: gone"
+    )
+    # Whatever the summary holds, the line is short and one line.
+    odd = {
+        "episodes": 2,
+        "endings": "many",
+        "latency_ms": [1],
+        "mean_score": "high",
+        "x": "y" * 9000,
+    }
+    assert lifecycle.preflight_line(odd) == "2 episodes; env errors: none"
+    first = step(Observed(pool=pool()))
+    failed = job("grpo-preflight", ("Failed", "BackoffLimitExceeded"))
+    plan = step(
+        Observed(pool=pool(), preflight_job=failed, preflight_message=json.dumps(summary)),
+        first.status,
+    )
+    assert "\n" not in message(plan, "PreflightPassed")
+    assert plan.status.preflight is not None
+    assert plan.status.preflight.summary == summary
+
+
+def test_a_preflight_log_tail_is_one_line_in_the_condition() -> None:
+    first = step(Observed(pool=pool()))
+    failed = job("grpo-preflight", ("Failed", "BackoffLimitExceeded"))
+    tail = "Traceback (most recent call last):\n  File x\nConnectionRefusedError: refused\n"
+    plan = step(Observed(pool=pool(), preflight_job=failed, preflight_message=tail), first.status)
+    assert message(plan, "Failed") == (
+        "preflight Job grpo-preflight failed: ConnectionRefusedError: refused"
+    )
+    assert plan.status.preflight is not None
+    assert plan.status.preflight.message == tail.strip()

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from gymkube_operator.conditions import (
     Condition,
     ConditionStatus,
+    cut,
     find_condition,
     now_rfc3339,
     one_line,
@@ -216,6 +217,38 @@ def parse_summary(message: str | None) -> tuple[dict[str, Any] | None, str | Non
     return None, message.strip()[-2000:]
 
 
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _counts(value: Any) -> str:
+    return ", ".join(f"{k} {v}" for k, v in value.items()) if isinstance(value, dict) else ""
+
+
+def preflight_line(summary: dict[str, Any]) -> str:
+    """gymkube-preflight's JSON summary as one line: episodes and how they ended, mean score,
+    p50 latency of each call, env errors and the first failure."""
+    endings = _counts(summary.get("endings"))
+    parts = [f"{summary.get('episodes', '?')} episodes" + (f" ({endings})" if endings else "")]
+    if (score := _number(summary.get("mean_score"))) is not None:
+        parts.append(f"mean score {score:.2f}")
+    latency = summary.get("latency_ms")
+    medians = [
+        f"{call} {p50:.0f}"
+        for call, values in (latency.items() if isinstance(latency, dict) else [])
+        if isinstance(values, dict) and (p50 := _number(values.get("p50"))) is not None
+    ]
+    if medians:
+        parts.append(f"p50 ms: {', '.join(medians)}")
+    parts.append(f"env errors: {_counts(summary.get('env_errors')) or 'none'}")
+    failures = summary.get("failures")
+    if isinstance(failures, list) and failures and isinstance(failures[0], dict):
+        first = failures[0]
+        said = one_line(str(first.get("detail", ""))) or "no detail"
+        parts.append(f"first failure: task {first.get('data_idx')} {first.get('ending')}: {said}")
+    return cut("; ".join(parts))
+
+
 def parse_progress(log: str | None) -> TrainingProgress | None:
     """The last well-formed `gymkube-progress {json}` line of the trainer's log, if any."""
     for line in reversed((log or "").splitlines()):
@@ -362,7 +395,8 @@ def _preflight_outcome(
     """(passed, reason, message, status.preflight); passed is None while the Job runs."""
     name = job["metadata"]["name"]
     summary, text = parse_summary(message)
-    shown = json.dumps(summary, sort_keys=True) if summary is not None else text
+    # The condition says it in one line; status.preflight keeps all of it.
+    shown = preflight_line(summary) if summary is not None else one_line(text)
     if _true(job, "Complete") is not None:
         result = PreflightStatus(job_name=name, passed=True, summary=summary, message=text)
         return True, "PreflightSucceeded", shown or f"Job {name} completed", result
