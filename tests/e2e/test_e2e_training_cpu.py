@@ -160,19 +160,19 @@ def test_a_cpu_run_trains_with_the_pools_scores_and_resumes_from_its_checkpoint(
     operator.wait_pool_ready(namespace, "lake")
     checkpoints = _checkpoint_volume(operator, settings, namespace)
 
-    operator.create(gymkube_path("trainingruns", namespace), _cpu_run("lake-grpo", 2, checkpoints))
+    operator.create(gymkube_path("trainingruns", namespace), _cpu_run("lake-grpo", 1, checkpoints))
     run = _finished(operator, namespace, "lake-grpo")
     succeeded = condition(run, "Succeeded") or {}
     assert succeeded.get("status") == "True", run["status"]
     progress = run["status"]["progress"]
-    assert (progress["step"], progress["totalSteps"]) == (2, 2)
-    assert progress["checkpoint"] == "/checkpoints/lake-grpo/global_step_2"
+    assert (progress["step"], progress["totalSteps"]) == (1, 1)
+    assert progress["checkpoint"] == "/checkpoints/lake-grpo/global_step_1"
 
     # verl's mean reward per step is the mean of the env's own final scores (FrozenLake: 0 or 1).
     steps = _progress_lines(operator, namespace, run)
-    assert [line["step"] for line in steps] == [1, 2]
+    assert [line["step"] for line in steps] == [1]
     episodes, scores = _pool_episodes(operator, namespace)
-    assert episodes == 2 * BATCH * ROLLOUTS
+    assert episodes == BATCH * ROLLOUTS
     rewarded = sum(line["meanReward"] * BATCH * ROLLOUTS for line in steps)
     assert rewarded == pytest.approx(scores, abs=1e-6)
 
@@ -183,11 +183,11 @@ def test_a_cpu_run_trains_with_the_pools_scores_and_resumes_from_its_checkpoint(
         timeout=120,
         what="the first run to be deleted",
     )
-    operator.create(gymkube_path("trainingruns", namespace), _cpu_run("lake-grpo", 3, checkpoints))
+    operator.create(gymkube_path("trainingruns", namespace), _cpu_run("lake-grpo", 2, checkpoints))
     resumed = _finished(operator, namespace, "lake-grpo")
     assert (condition(resumed, "Succeeded") or {}).get("status") == "True", resumed["status"]
-    assert [line["step"] for line in _progress_lines(operator, namespace, resumed)] == [3]
-    assert resumed["status"]["progress"]["checkpoint"] == "/checkpoints/lake-grpo/global_step_3"
+    assert [line["step"] for line in _progress_lines(operator, namespace, resumed)] == [2]
+    assert resumed["status"]["progress"]["checkpoint"] == "/checkpoints/lake-grpo/global_step_2"
 
 
 def test_a_cpu_run_with_a_wrong_model_path_fails_with_the_reason(
