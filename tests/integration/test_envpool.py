@@ -359,6 +359,20 @@ STUCK_PODS: list[tuple[str, str, dict[str, Any], str, str]] = [
     ),
     ("unschedulable", "frozen_lake", {}, "Unschedulable", "0/3 nodes are available"),
     (
+        "secret",
+        "frozen_lake",
+        {
+            "state": {
+                "waiting": {
+                    "reason": "CreateContainerConfigError",
+                    "message": 'secret "tokens" not found',
+                }
+            }
+        },
+        "ContainerCreateFailed",
+        'pod secret-0: CreateContainerConfigError: secret "tokens" not found',
+    ),
+    (
         "startup",
         "frozen_lake",
         {

@@ -2,10 +2,15 @@
 kubelet and a scheduler write them. Every case is checked on the full pod and on what the
 watchdog's pods index keeps of it (slim_pod)."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
-from gymkube_operator.envpool import pods
+from gymkube_operator.envpool import builders, pods
+from gymkube_operator.envpool.models import EnvPoolSpec
 from gymkube_operator.envpool.pods import PodTrouble, degradation, error_line, pod_trouble
 from gymkube_operator.envpool.reasons import STUCK, Degraded
 
@@ -269,3 +274,47 @@ def test_every_reason_of_a_pod_is_one_that_waiting_does_not_fix() -> None:
     assert set(pods.ORDER) <= STUCK
     assert Degraded.PROBES_FAILING not in STUCK
     assert Degraded.HEALTHY not in STUCK
+
+
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        (
+            {"env": "textarena:NoSuchGame-v0"},
+            "gymkube-envserver: unknown TextArena game 'NoSuchGame-v0'",
+        ),
+        ({"env": "plugin:os:path"}, "gymkube-envserver: os has no class 'path'"),
+        (
+            {"env": "frozen_lake", "envConfig": {"size": 1}},
+            "gymkube-envserver: --env-config: invalid frozen_lake env_config: size: Input",
+        ),
+        (
+            {"env": "frozen_lake", "args": ["--idle-timeout", "soon"]},
+            "gymkube-envserver: 1 validation error for ServerSettings idle_timeout Input",
+        ),
+    ],
+    ids=["unknown-game", "plugin-not-a-class", "bad-env-config", "bad-args"],
+)
+def test_a_pool_the_server_refuses_reads_in_the_servers_own_words(
+    fields: dict[str, Any], said: str, tmp_path: Path
+) -> None:
+    """The real gymkube-envserver, run with the arguments the operator renders for the pool, exits;
+    its output (what FallbackToLogsOnError leaves in the termination message) is the message."""
+    spec = EnvPoolSpec.model_validate(fields)
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "gymkube-envserver"), *builders.envserver_args(spec)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HOME": str(tmp_path)},
+    )
+    assert result.returncode != 0
+    looping = container(
+        restarts=2,
+        state={"waiting": {"reason": "CrashLoopBackOff"}},
+        last=exited(result.returncode, result.stdout + result.stderr),
+    )
+    found = trouble(pod(looping))
+    assert found is not None
+    assert found.reason == Degraded.SERVER_CRASH_LOOP
+    assert found.detail.startswith(f"exited with code {result.returncode}, 2 restarts: {said}")
