@@ -26,6 +26,10 @@ CPU_ENV: dict[str, str] = {
     "TORCH_COMPILE_DISABLE": "1",
     # The model is a local directory (the CPU trainer image ships one): no hub lookups.
     "HF_HUB_OFFLINE": "1",
+    # Ray's memory monitor kills workers above 95% of the pod's memory limit counting the page
+    # cache (model files, torch's libraries), which the kernel would reclaim; a real shortage
+    # still ends in the kernel's OOM kill, which the run reports as TrainerOutOfMemory.
+    "RAY_memory_monitor_refresh_ms": "0",
 }
 
 # Hydra overrides on CPU, after gymkube's own (replacing any of its keys) and before the user's.
