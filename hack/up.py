@@ -701,6 +701,25 @@ def example_objects(small: bool) -> list[Object]:
     return objects
 
 
+def retry_failed_runs(kube: Kube, settings: UpSettings, objects: list[Object]) -> None:
+    """A finished TrainingRun is a record and never runs again: an example run that Failed last
+    time is deleted, so this `up` runs it anew (a Succeeded one is kept and reported)."""
+    for obj in objects:
+        name = obj["metadata"]["name"]
+        if obj["kind"] != "TrainingRun":
+            continue
+        found = kube.gymkube_object("TrainingRun", settings.namespace, name)
+        if found is None or not condition_true(found, "Failed"):
+            continue
+        why = (condition(found, "Failed") or {}).get("reason")
+        say(f"  trainingrun/{name} failed last time ({why}): deleting it to run it again")
+        out = kube.kubectl(
+            "delete", "trainingrun", name, "-n", settings.namespace, "--wait=true", timeout=180
+        )
+        if out.returncode != 0:
+            raise UpError(f"deleting trainingrun/{name} failed: {out.stderr.strip()}")
+
+
 def apply_examples(kube: Kube, settings: UpSettings, objects: list[Object]) -> None:
     body = json.dumps({"apiVersion": "v1", "kind": "List", "items": objects})
     out = kube.kubectl(
@@ -1087,6 +1106,7 @@ def up(settings: UpSettings) -> None:
         if small:
             say(f"small node ({why}): applying the examples with SMALL_NODE_OVERRIDES")
         objects = example_objects(small)
+        retry_failed_runs(kube, settings, objects)
         apply_examples(kube, settings, objects)
         restart_pools(kube, settings, objects, replaced)
         watched = [
