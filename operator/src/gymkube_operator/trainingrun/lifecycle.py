@@ -22,6 +22,8 @@ from gymkube_operator.conditions import (
     set_condition,
 )
 from gymkube_operator.envpool.reasons import STUCK
+from gymkube_operator.envpool.status import DEGRADED as POOL_DEGRADED
+from gymkube_operator.envpool.status import READY as POOL_READY
 from gymkube_operator.objects import Object
 from gymkube_operator.trainingrun import device, render
 from gymkube_operator.trainingrun.command import RunTarget
@@ -168,13 +170,13 @@ def pool_state(pool: Object | None, pool_name: str) -> tuple[bool, str, str]:
     if pool is None:
         return False, "EnvPoolNotFound", f"EnvPool {pool_name} does not exist in this namespace"
     status = pool.get("status", {}) or {}
-    if _true(pool, "Ready") is None:
-        degraded = _pool_condition(pool, "Degraded") or {}
+    if _true(pool, POOL_READY) is None:
+        degraded = _pool_condition(pool, POOL_DEGRADED) or {}
         if degraded.get("status") == "True" and degraded.get("reason") in STUCK:
             # Waiting will not make this pool Ready: say why in the pool's own words.
             detail = f"{degraded['reason']}: {degraded.get('message', '')}"
             return False, ENV_POOL_DEGRADED, f"EnvPool {pool_name} is Degraded ({detail})"
-        condition = _pool_condition(pool, "Ready")
+        condition = _pool_condition(pool, POOL_READY)
         detail = (
             f"{condition.get('reason', '')}: {condition.get('message', '')}"
             if condition
