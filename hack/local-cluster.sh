@@ -198,6 +198,9 @@ start_kubelet() {
 }
 
 start_kube_proxy() {
+	# kube-proxy exits when its config file is written, even with the same content: a running one
+	# keeps the file it started with (`up` twice must not stop it).
+	is_running kube-proxy && return 0
 	cat >"$CONF_DIR/kube-proxy.yaml" <<-YAML
 		apiVersion: kubeproxy.config.k8s.io/v1alpha1
 		kind: KubeProxyConfiguration
