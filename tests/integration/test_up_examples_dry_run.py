@@ -35,4 +35,4 @@ def test_the_examples_make_up_applies_pass_a_server_side_dry_run(
         input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}),
     )  # fmt: skip
     applied = result.stdout.count("serverside-applied (server dry run)")
-    assert applied == len(objects) == 3, result.stdout
+    assert applied == len(objects) == 5, result.stdout

@@ -30,13 +30,18 @@ def test_every_example_make_up_applies_is_a_valid_pool_or_run(small: bool) -> No
     objects = up.example_objects(small)
     pools = by_kind(objects, "EnvPool")
     runs = by_kind(objects, "TrainingRun")
-    assert set(pools) == {"sciworld", "frozen-lake"}
-    assert set(runs) == {"frozen-lake-grpo"}
+    assert set(pools) == {"sciworld", "frozen-lake", "frozen-lake-easy"}
+    assert set(runs) == {"frozen-lake-grpo", "frozen-lake-cpu"}
     for pool in pools.values():
         EnvPoolSpec.model_validate(pool["spec"])
-    run = TrainingRunSpec.model_validate(runs["frozen-lake-grpo"]["spec"])
-    assert run.env_pool_ref.name in pools
-    assert run.preflight.enabled
+    for obj in runs.values():
+        run = TrainingRunSpec.model_validate(obj["spec"])
+        assert run.env_pool_ref.name in pools
+        assert run.preflight.enabled
+    # make up waits for the GPU run's preflight, and for the CPU run to train to the end.
+    assert TrainingRunSpec.model_validate(runs["frozen-lake-cpu"]["spec"]).device == "cpu"
+    assert up.trains_on_cpu(runs["frozen-lake-cpu"])
+    assert not up.trains_on_cpu(runs["frozen-lake-grpo"])
 
 
 def test_small_node_overrides_change_only_sizes_never_the_pools_identity() -> None:
