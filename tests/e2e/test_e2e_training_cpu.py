@@ -48,7 +48,7 @@ def _cpu_run(name: str, steps: int, checkpoints: dict[str, Any], model: str = MO
             "model": {"path": model},
             "resources": {
                 "requests": {"cpu": "500m", "memory": "4Gi"},
-                "limits": {"memory": "14Gi"},
+                "limits": {"memory": "16Gi"},
             },
             "shmSize": "2Gi",
             "agentLoop": {

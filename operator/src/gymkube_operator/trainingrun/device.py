@@ -65,6 +65,9 @@ CPU_OVERRIDES: tuple[str, ...] = (
     # One reward worker and one agent-loop worker: each is a process and memory on a small pod.
     "reward.num_workers=1",
     "actor_rollout_ref.rollout.agent.num_workers=1",
+    # verl's transfer queue keeps 8 storage processes (0.4 GB each) by default; one holds a CPU
+    # run's few samples, and the 3 GB the others take is most of an OOM kill at a 14Gi limit.
+    "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
     # One made-up GPU: no tensor parallelism (verl's default is 2).
     "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
 )
