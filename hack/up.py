@@ -1014,13 +1014,14 @@ def print_summary(
     print(f"  export KUBECONFIG={kube.kubeconfig}")
     print(f"  kubectl get envpools,trainingruns -n {ns}\n")
     print(f"EnvPools (namespace {ns}{', small-node overrides' if small else ''}):")
+    width = max((len(i.name) for i in watched if i.kind == "EnvPool"), default=12)
     for item in watched:
         if item.kind != "EnvPool" or item.obj is None:
             continue
         status = item.obj.get("status") or {}
         ready = condition(item.obj, "Ready") or {}
         print(
-            f"  {item.name:<12} {'Ready' if ready.get('status') == 'True' else 'NotReady':<9}"
+            f"  {item.name:<{width}} {'Ready' if ready.get('status') == 'True' else 'NotReady':<9}"
             f"{status.get('readyReplicas', 0)}/{item.obj['spec'].get('replicas')} servers  "
             f"capacity {status.get('capacity', 0):<4} {status.get('url', '(no URL yet)')}  "
             f"(apply → Ready {duration(item.ready_after or 0)})"
