@@ -175,7 +175,8 @@ def grpo_step(steps: int) -> dict[str, Any]:
         argv = rendered_run(spec, pool_url, Path(tmp))
         env = {**os.environ, **device.CPU_ENV}
         started = time.monotonic()
-        trainer = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
+        # In the scratch directory: Hydra writes its outputs/ where the trainer starts.
+        trainer = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env, cwd=tmp)
         assert trainer.stdout is not None
         env_before = env_seconds(server_url)
         for line in trainer.stdout:
