@@ -24,6 +24,7 @@ import asyncio
 import copy
 import hashlib
 import json
+import logging
 import os
 import selectors
 import shutil
@@ -91,6 +92,9 @@ SMALL_NODE_OVERRIDES: dict[tuple[str, str], dict[str, Any]] = {
 # What the trainer prints once a step (gymkube-train, agentloop/src/gymkube_agentloop/train.py).
 PROGRESS_PREFIX = "gymkube-progress "
 HEARTBEAT_S = 20.0
+# pyhelm3 logs every non-zero helm exit as a warning, the `helm status` it runs to learn that a
+# first install has no release yet included; a real failure raises, and `up` reports it.
+logging.getLogger("pyhelm3.command").setLevel(logging.ERROR)
 EXAMPLES_DELETE_TIMEOUT_S = 120.0
 # Degraded reasons that no amount of waiting fixes (docs/envpool.md), named by the operator.
 POOL_STUCK = STUCK

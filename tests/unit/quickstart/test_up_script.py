@@ -136,3 +136,16 @@ def test_a_pool_that_needs_a_human_fails_the_wait_at_once_a_probing_one_does_not
         assert up.pool_failed(pool(reason)) == f"Degraded {reason}: m"
     assert up.pool_failed(pool("ProbesFailing")) is None
     assert up.pool_failed({"status": {}}) is None
+
+
+def test_a_first_install_prints_no_failure_for_the_expected_missing_release() -> None:
+    """pyhelm3 runs `helm status` to learn there is no release yet, and logs its non-zero exit
+    as a warning: `make up` must not print it (a real process, so Python's own stderr handler)."""
+    code = (
+        "import logging, sys; sys.path.insert(0, 'hack'); import up; "
+        "logging.getLogger('pyhelm3.command').warning('command failed: helm status gymkube')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert "command failed" not in done.stderr
