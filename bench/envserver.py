@@ -27,7 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from typing import Any
 import aiohttp
 import httpx
 from gymkube_envserver.settings import DEFAULT_JVM_OPTIONS
+from sections import finish, run_section
 
 CLI = str(Path(sys.executable).with_name("gymkube-envserver"))
 RESET_INDICES = [0, 500, 1200, 2100, 3000, 3800, 4400, 250, 1700, 2600, 3300, 4000]
@@ -465,16 +466,17 @@ def main() -> None:
         }
     }
     wanted = set(args.only or SECTIONS) | ({"jvm_flags"} if args.jvm_flags else set())
-    if "create_reset" in wanted:
-        report["create_reset"] = bench_create_reset(4 if args.quick else 10)
-    if "sciworld_step" in wanted:
-        report["sciworld_step"] = bench_sciworld_step(*((12, 1) if args.quick else (90, 3)))
-    if "frozen_lake" in wanted:
-        report["frozen_lake"] = bench_frozen_lake(64, 3.0 if args.quick else 10.0)
-    if "jvm_flags" in wanted:
-        report["jvm_flags"] = bench_jvm_flags(1 if args.quick else 3)
+    sections: dict[str, Callable[[], Any]] = {
+        "create_reset": lambda: bench_create_reset(4 if args.quick else 10),
+        "sciworld_step": lambda: bench_sciworld_step(*((12, 1) if args.quick else (90, 3))),
+        "frozen_lake": lambda: bench_frozen_lake(64, 3.0 if args.quick else 10.0),
+        "jvm_flags": lambda: bench_jvm_flags(1 if args.quick else 3),
+    }
+    for name, measure in sections.items():
+        if name in wanted:
+            run_section(report, name, measure)
     report["box"]["load_average_at_end"] = load_average()
-    print(json.dumps(report, indent=2))
+    finish(report)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ REPO_ROOT = Path(SCRIPT).parents[1]
 sys.path.insert(0, str(REPO_ROOT / "tests" / "unit" / "router"))
 
 from router_harness import Proc, Procs, wait_all  # noqa: E402
+from sections import finish, run_async_section  # noqa: E402
 
 TARGET_CPU_US = 150.0
 TARGET_ADDED_P50_MS = 1.0
@@ -661,9 +662,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         benches.append(("sciworld", bench_sciworld))
     for name, run in benches:
         procs = Procs()
+        window = args.window * (3 if name == "sciworld" else 1)
         try:
-            window = args.window * (3 if name == "sciworld" else 1)
-            result[name] = await run(procs, window, args.rounds)
+            await run_async_section(result, name, partial(run, procs, window, args.rounds))
         finally:
             procs.stop_all()
     return result
@@ -681,7 +682,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="alternating windows per side")
     parser.add_argument("--no-sciworld", dest="sciworld", action="store_false")
     args = parser.parse_args()
-    print(json.dumps(uvloop.run(bench(args)), indent=2))
+    finish(uvloop.run(bench(args)))
 
 
 if __name__ == "__main__":
