@@ -79,6 +79,13 @@ start_component() {
 	mkdir -p "$LOG_DIR" "$PID_DIR"
 	setsid "$@" >>"$LOG_DIR/$name.log" 2>&1 </dev/null &
 	echo $! >"$PID_DIR/$name.pid"
+	# Until the child has exec'd, its cmdline is this script's and is_running says no: a check
+	# straight after the start took a starting component for one that had exited.
+	local _
+	for _ in {1..20}; do
+		is_running "$name" && return 0
+		sleep 0.1
+	done
 }
 
 # stop_components NAME...: SIGTERM to all at once, then SIGKILL to any still running after 10s.

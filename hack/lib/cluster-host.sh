@@ -64,9 +64,15 @@ ensure_cgroups() {
 
 # join_cgroup PID: moves PID (containerd) below the cluster's cgroup, so its shims land there too.
 join_cgroup() {
-	local hierarchy
+	local hierarchy attempt
 	for hierarchy in $(cgroup_hierarchies); do
-		echo "$1" >"$hierarchy/$CGROUP_NAME/containerd/cgroup.procs"
+		# Seen once on a machine's first cluster: EINVAL while containerd was still starting its
+		# threads; a moment later the same write succeeds.
+		for attempt in 1 2 3 4 5; do
+			echo "$1" 2>/dev/null >"$hierarchy/$CGROUP_NAME/containerd/cgroup.procs" && break
+			((attempt < 5)) || die "could not move containerd (pid $1) into $hierarchy/$CGROUP_NAME/containerd"
+			sleep 1
+		done
 	done
 }
 
