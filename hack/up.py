@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from gymkube_agentloop.train import PROGRESS_PREFIX
 from gymkube_operator.envpool.reasons import STUCK
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
@@ -89,8 +90,6 @@ SMALL_NODE_OVERRIDES: dict[tuple[str, str], dict[str, Any]] = {
         "router": {"resources": {"requests": {"cpu": "20m", "memory": "64Mi"}}},
     },
 }
-# What the trainer prints once a step (gymkube-train, agentloop/src/gymkube_agentloop/train.py).
-PROGRESS_PREFIX = "gymkube-progress "
 HEARTBEAT_S = 20.0
 # pyhelm3 logs every non-zero helm exit as a warning, the `helm status` it runs to learn that a
 # first install has no release yet included; a real failure raises, and `up` reports it.

@@ -19,11 +19,11 @@ from e2e_cluster import (
     gymkube_path,
     wait_until,
 )
+from gymkube_agentloop.train import PROGRESS_PREFIX
 
 # The two training runs take several minutes each on a 2-core node.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2700)]
 
-PROGRESS_PREFIX = "gymkube-progress "
 MODEL = "/models/SmolLM2-135M-Instruct"
 BATCH, ROLLOUTS = 2, 2
 # Succeeded/Failed within this after creation (image already loaded, pool Ready).
