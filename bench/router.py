@@ -455,7 +455,7 @@ class SessionDriver:
 
 
 async def open_sessions(router: Proc, count: int, data_idx: int | None = None) -> list[Session]:
-    from gymkube_envserver.router_pool import token_address
+    from gymkube_envserver.router.pool import token_address
 
     connection = await connect(router.address)
     sessions = []

@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
-from gymkube_envserver.router import _swap_id
-from gymkube_envserver.router_pool import Backend, address_token, token_address
-from gymkube_envserver.router_settings import RouterSettings
+from gymkube_envserver.router.app import _swap_id
+from gymkube_envserver.router.pool import Backend, address_token, token_address
+from gymkube_envserver.router.settings import RouterSettings
 from pydantic import ValidationError
 
 pytestmark = pytest.mark.unit

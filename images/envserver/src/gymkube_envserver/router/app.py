@@ -1,6 +1,6 @@
-"""``gymkube-router``: one URL for a pool of env servers.
+"""``gymkube-router``: the aiohttp server, its dispatch and the HTTP session endpoints.
 
-Stateless: a session id names its backend (see ``router_pool``), so any replica routes any
+Stateless: a session id names its backend (see ``pool``), so any replica routes any
 session. Request and response bodies pass through as bytes; only the ``id`` is parsed and
 rewritten, which keeps the router's own CPU per step small.
 """
@@ -23,21 +23,16 @@ from multidict import MultiDict
 from pydantic import BaseModel, ValidationError
 from pydantic_settings import SettingsError
 
-from gymkube_envserver.router_metrics import RouterMetrics
-from gymkube_envserver.router_pool import Backend, BackendState, Pool, RoutingError, session_lost
-from gymkube_envserver.router_settings import RouterSettings
-from gymkube_envserver.router_upstream import ConnectFailed, ConnectionDropped, Reply, Upstream
+from gymkube_envserver.router.endpoints import ID_RESPONSES, KNOWN_ENDPOINTS
+from gymkube_envserver.router.metrics import RouterMetrics
+from gymkube_envserver.router.pool import Backend, BackendState, Pool, RoutingError, session_lost
+from gymkube_envserver.router.settings import RouterSettings
+from gymkube_envserver.router.upstream import ConnectFailed, ConnectionDropped, Reply, Upstream
 from gymkube_envserver.wire import ERROR_STATUS, RETRY_AFTER_CODES, ErrorCode, error_body
 
 log = logging.getLogger("gymkube.router")
 
 JSON = "application/json"
-# Backend responses that carry the session id and therefore need it rewritten.
-_ID_RESPONSES = frozenset({"/create", "/reset", "/close", "/detail"})
-# Endpoints served by the router itself or not tied to a session.
-_POOL_ENDPOINTS = frozenset(
-    {"/", "/healthz", "/readyz", "/status", "/metrics", "/tasks", "/create"}
-)
 
 
 class BackendView(BaseModel):
@@ -187,7 +182,7 @@ class Router:
             )
         upstream = request.get("upstream_seconds", 0.0)
         self.metrics.observe(
-            path if path in _KNOWN_ENDPOINTS else "other",
+            path if path in KNOWN_ENDPOINTS else "other",
             response.status,
             time.perf_counter() - started - upstream,
         )
@@ -233,7 +228,7 @@ class Router:
     def _respond(
         self, backend: Backend, path: str, status: int, payload: bytes, headers: dict[str, str]
     ) -> web.Response:
-        if status < 300 and path in _ID_RESPONSES:
+        if status < 300 and path in ID_RESPONSES:
             payload = _rewrite_id(backend, payload)
         return web.Response(body=payload, status=status, headers=headers)
 
@@ -405,11 +400,6 @@ class Router:
             lost=sum(view.lost for view in views),
             backends=views,
         )
-
-
-_KNOWN_ENDPOINTS = frozenset(
-    {*_POOL_ENDPOINTS, "/reset", "/step", "/close", "/observation", "/detail"}
-)
 
 
 def _backend_view(backend: Backend, now: float) -> BackendView:

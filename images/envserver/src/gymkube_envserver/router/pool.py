@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from gymkube_envserver.router_settings import RouterSettings
-from gymkube_envserver.router_upstream import ConnectFailed, Upstream, UpstreamError
+from gymkube_envserver.router.settings import RouterSettings
+from gymkube_envserver.router.upstream import ConnectFailed, Upstream, UpstreamError
 from gymkube_envserver.wire import ErrorCode, StatusResponse
 
 log = logging.getLogger("gymkube.router")

@@ -19,7 +19,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from gymkube_envserver.router_pool import Pool
+from gymkube_envserver.router.pool import Pool
 
 ADDED_LATENCY_BUCKETS = (
     0.0001,

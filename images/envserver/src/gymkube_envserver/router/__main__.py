@@ -1,0 +1,3 @@
+from gymkube_envserver.router.app import main
+
+main()
