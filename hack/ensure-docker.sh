@@ -7,6 +7,13 @@
 # The daemon it starts logs to $GYMKUBE_CACHE/docker/dockerd.log and its PID is recorded in
 # $GYMKUBE_CACHE/docker/dockerd.pid, so it can be stopped with `kill "$(cat .../dockerd.pid)"`.
 # dockerd runs its own containerd (under /var/run/docker), separate from a kubelet's containerd.
+#
+# Privileged containers (every kind node is one): where the host's capability bounding set lacks a
+# capability Docker asks for, runc fails "unable to apply caps" (Debian's docker.io 20.10 predates
+# the fix, moby#42933). On such a host the daemon started here gets hack/kind/runc-host-caps as its
+# default runtime (`--add-runtime gymkube-runc=... --default-runtime gymkube-runc`), which drops just
+# those capabilities. A daemon you run yourself needs the same in /etc/docker/daemon.json:
+#   {"runtimes": {"gymkube-runc": {"path": "/path/to/runc-host-caps"}}, "default-runtime": "gymkube-runc"}
 set -euo pipefail
 # shellcheck source=lib/tools.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/tools.sh"
@@ -21,9 +28,29 @@ die() {
 	exit 1
 }
 
+RUNTIME_NAME=gymkube-runc
+RUNTIME_WRAPPER=$STATE_DIR/runc-host-caps
+
 docker_answers() { "$DOCKER" info >/dev/null 2>&1; }
 
+# True when the bounding set lacks a capability the kernel has (Docker's --privileged asks for all).
+host_lacks_caps() {
+	local bounding last
+	bounding=$((16#$(awk '$1 == "CapBnd:" {print $2}' /proc/self/status)))
+	last=$(cat /proc/sys/kernel/cap_last_cap)
+	((bounding != (1 << (last + 1)) - 1))
+}
+
+# A running daemon this script did not configure: say so when privileged containers will fail.
+check_running_daemon() {
+	host_lacks_caps || return 0
+	[[ $("$DOCKER" info --format '{{.DefaultRuntime}}' 2>/dev/null) == "$RUNTIME_NAME" ]] && return 0
+	log "warning: this host's capability bounding set is incomplete, and the running dockerd's default"
+	log "runtime is not $RUNTIME_NAME: privileged containers (kind nodes) will fail; see the top of $0"
+}
+
 if docker_answers; then
+	check_running_daemon
 	exit 0
 fi
 
@@ -36,6 +63,7 @@ fi
 command -v "$DOCKER" >/dev/null || DOCKER=/usr/bin/docker
 
 if docker_answers; then
+	check_running_daemon
 	exit 0
 fi
 
@@ -44,9 +72,17 @@ mkdir -p "$STATE_DIR"
 if [[ -f $STATE_DIR/dockerd.pid ]] && kill -0 "$(cat "$STATE_DIR/dockerd.pid")" 2>/dev/null; then
 	log "dockerd (PID $(cat "$STATE_DIR/dockerd.pid")) is starting; waiting for it"
 else
+	runtime_args=()
+	if host_lacks_caps; then
+		command -v jq >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq jq >/dev/null
+		# A copy, so the daemon does not depend on this checkout staying where it is.
+		install -m 0755 "$GYMKUBE_HACK_DIR/kind/runc-host-caps" "$RUNTIME_WRAPPER"
+		runtime_args=(--add-runtime "$RUNTIME_NAME=$RUNTIME_WRAPPER" --default-runtime "$RUNTIME_NAME")
+		log "the host's capability bounding set is incomplete: default runtime $RUNTIME_NAME ($RUNTIME_WRAPPER)"
+	fi
 	log "starting dockerd (log: $STATE_DIR/dockerd.log)"
 	# setsid: the daemon must outlive this script and the make/CI process group that ran it.
-	setsid dockerd >>"$STATE_DIR/dockerd.log" 2>&1 </dev/null &
+	setsid dockerd "${runtime_args[@]}" >>"$STATE_DIR/dockerd.log" 2>&1 </dev/null &
 	echo $! >"$STATE_DIR/dockerd.pid"
 fi
 
