@@ -2,8 +2,9 @@
 # Builds the pinned Kubernetes tools (hack/versions.env) from the Go module proxy into
 # $GYMKUBE_CACHE/bin/<kubernetes version>/ (print it with hack/tool-path.sh).
 #
-#   hack/build-tools.sh                   # every tool
+#   hack/build-tools.sh                   # every tool but kubeadm
 #   hack/build-tools.sh etcd kubectl      # only these
+#   hack/build-tools.sh kubeadm           # only kind's node image needs it (hack/kind-node-image.sh)
 #
 # Idempotent: a tool whose binary already reports the pinned version is skipped, so a warm run takes
 # seconds. Each tool group is built from a wrapper Go module under $GYMKUBE_CACHE/src/, never in the
@@ -11,8 +12,11 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib/tools.sh"
 
-KUBE_TOOLS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
+KUBE_TOOLS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl kubeadm)
 ALL_TOOLS=("${KUBE_TOOLS[@]}" etcd helm kustomize)
+# kubeadm goes only into kind's node image (hack/kind-node-image.sh asks for it by name).
+DEFAULT_TOOLS=()
+for tool in "${ALL_TOOLS[@]}"; do [[ $tool == kubeadm ]] || DEFAULT_TOOLS+=("$tool"); done
 JOBS=${GYMKUBE_BUILD_JOBS:-2}
 SRC_DIR=$GYMKUBE_CACHE/src
 SCRATCH_DIR=$GYMKUBE_CACHE/scratch
@@ -27,6 +31,7 @@ die() {
 expected_version() {
 	case $1 in
 	kubectl) echo "Client Version: $KUBERNETES_VERSION" ;;
+	kubeadm) echo "$KUBERNETES_VERSION" ;;
 	kube-* | kubelet) echo "Kubernetes $KUBERNETES_VERSION" ;;
 	etcd) echo "etcd Version: ${ETCD_VERSION#v}" ;;
 	helm) echo "$HELM_VERSION" ;;
@@ -38,6 +43,7 @@ reported_version() {
 	local bin=$GYMKUBE_BIN_DIR/$1
 	case $1 in
 	kubectl) "$bin" version --client ;;
+	kubeadm) "$bin" version -o short ;;
 	kube-* | kubelet | etcd) "$bin" --version ;;
 	helm) "$bin" version --template '{{.Version}}' ;;
 	kustomize) "$bin" version ;;
@@ -103,6 +109,8 @@ build_kubernetes() {
 		$2 == "=>" && $3 ~ /^\.\/staging\// && ($1 in required) {print $1}' "$gomod")
 	{
 		wrapper_header kubernetes "$gomod"
+		# The tool list is part of the header: adding a tool resolves the wrapper's modules again.
+		echo "// tools: ${KUBE_TOOLS[*]}"
 		echo "require k8s.io/kubernetes $v"
 		echo "replace ("
 		for m in $staging; do printf '\t%s => %s v0.%s\n' "$m" "$m" "${v#v1.}"; done
@@ -157,7 +165,7 @@ build_kustomize() {
 
 main() {
 	local requested=("$@") stale=() stale_kube=() tool
-	((${#requested[@]})) || requested=("${ALL_TOOLS[@]}")
+	((${#requested[@]})) || requested=("${DEFAULT_TOOLS[@]}")
 	for tool in "${requested[@]}"; do
 		[[ " ${ALL_TOOLS[*]} " == *" $tool "* ]] || die "unknown tool '$tool' (known: ${ALL_TOOLS[*]})"
 	done
