@@ -20,6 +20,8 @@
 set -euo pipefail
 # shellcheck source=lib/tools.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/tools.sh"
+# shellcheck source=lib/debian.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/debian.sh"
 
 SUITE=bookworm
 BASE_PACKAGES="python3 python3-venv ca-certificates tini"
@@ -57,17 +59,6 @@ done
 ((${#flavours[@]})) || flavours=(base jre)
 
 [[ $(id -u) == 0 ]] || die "debootstrap needs root"
-
-# The first Debian archive URI in apt's sources (deb822 or one-line format), so the base image comes
-# from the same mirror (or snapshot) the host trusts.
-apt_mirror() {
-	local uri
-	uri=$(
-		cat /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null |
-			grep -oE '(https?|file)://[^ ]*/debian/?( |$)' | grep -v -- '-security' | head -n 1
-	) || true
-	echo "${uri:-http://deb.debian.org/debian}" | tr -d ' '
-}
 
 # What decides an image's content: suite, packages and the functions that make the root filesystem.
 recipe_hash() { # $1: package list
@@ -115,11 +106,7 @@ build_image() { # $1: image tag, $2: package list
 }
 
 "$GYMKUBE_HACK_DIR/ensure-docker.sh"
-if ! command -v debootstrap >/dev/null; then
-	log "installing debootstrap from the Debian archive"
-	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
-fi
+ensure_debootstrap
 MIRROR=${DEBIAN_MIRROR:-$(apt_mirror)}
 
 for flavour in "${flavours[@]}"; do

@@ -41,8 +41,7 @@ ensure_packages() {
 
 ensure_binaries() {
 	"$GYMKUBE_HACK_DIR/build-tools.sh" "${KUBE_TOOLS[@]}"
-	COREDNS_BIN=$(gobuild_tool coredns github.com/coredns/coredns "$COREDNS_VERSION" github.com/coredns/coredns \
-		"-X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION")
+	COREDNS_BIN=$(coredns_bin)
 }
 
 start_etcd() {

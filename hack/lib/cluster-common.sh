@@ -8,6 +8,13 @@ source "$(dirname "${BASH_SOURCE[0]}")/tools.sh"
 
 COREDNS_VERSION=v1.14.7
 
+# Path of the CoreDNS binary, built from the Go module proxy when missing (needs cluster-gobuild.sh).
+# The local cluster runs it on the host; kind's node image (hack/kind-node-image.sh) packs it.
+coredns_bin() {
+	gobuild_tool coredns github.com/coredns/coredns "$COREDNS_VERSION" github.com/coredns/coredns \
+		"-X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION"
+}
+
 CLUSTER_DIR=${GYMKUBE_CLUSTER_DIR:-$GYMKUBE_CACHE/cluster}
 RUN_DIR=${GYMKUBE_CLUSTER_RUN_DIR:-/run/gymkube-cluster}
 PKI_DIR=$CLUSTER_DIR/pki
