@@ -233,13 +233,15 @@ class EnvServer:
     """A real gymkube-envserver process standing in for an env-server pod."""
 
     def __init__(self, log_path: Path) -> None:
-        self.port = free_port()
+        self.port, self.admin_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.admin_url = f"http://127.0.0.1:{self.admin_port}"
         with log_path.open("ab") as log:
             self.popen = subprocess.Popen(
                 [
                     str(BIN_DIR / "gymkube-envserver"),
                     *("--env", "frozen_lake", "--host", "127.0.0.1", "--port", str(self.port)),
+                    *("--admin-port", str(self.admin_port)),
                     *("--max-sessions", "4", "--warm", "1", "--canary-interval", "1"),
                 ],
                 stdout=log,

@@ -26,6 +26,7 @@ from operator_support import Cluster, EnvServer, envpool, eventually, install_cr
 
 pytestmark = pytest.mark.integration
 
+POOL_DEFAULTS = EnvPoolSpec(env="frozen_lake")
 POLICY = {
     "probePeriodSeconds": 2,
     "probeTimeoutSeconds": 1,
@@ -65,13 +66,20 @@ def cluster(kube: ControlPlane, namespace: str) -> Iterator[Cluster]:
 
 
 def in_process_operator(
-    kube: ControlPlane, namespace: str, addresses: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    kube: ControlPlane,
+    namespace: str,
+    servers: dict[str, EnvServer],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> tuple[threading.Thread, threading.Event]:
     monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig))
     settings = OperatorSettings(namespaces=[namespace], liveness_port=0)
 
     def resolve(pod: dict[str, Any], port: int) -> str | None:
-        return addresses.get(pod["metadata"]["name"])
+        # The operator asks for a pod's address on the pool's port or its admin port.
+        server = servers.get(pod["metadata"]["name"])
+        if server is None:
+            return None
+        return server.admin_url if port == POOL_DEFAULTS.admin_port else server.url
 
     stop, ready = threading.Event(), threading.Event()
     thread = threading.Thread(
@@ -94,8 +102,8 @@ def test_watchdog_restarts_hung_and_dead_servers_within_its_budget(
     healthy, hung, dead = servers
     hung.pause()
     dead.kill()
-    addresses = {"wd-0": healthy.url, "wd-1": hung.url, "wd-2": dead.url}
-    thread, stop = in_process_operator(kube, cluster.namespace, addresses, monkeypatch)
+    pods = {"wd-0": healthy, "wd-1": hung, "wd-2": dead}
+    thread, stop = in_process_operator(kube, cluster.namespace, pods, monkeypatch)
     try:
         cluster.create(envpool("wd", replicas=3, watchdog=POLICY))
         healthy_uid = eventually("pod wd-0", lambda: pod_uid(cluster, "wd-0"))
@@ -152,7 +160,7 @@ def test_a_worn_out_server_is_drained_and_recycled_only_once_its_sessions_end(
 ) -> None:
     (server,) = servers
     policy = {**POLICY, "maxSessionsServed": 2, "drainTimeoutSeconds": 600}
-    thread, stop = in_process_operator(kube, cluster.namespace, {"rec-0": server.url}, monkeypatch)
+    thread, stop = in_process_operator(kube, cluster.namespace, {"rec-0": server}, monkeypatch)
     try:
         cluster.create(envpool("rec", replicas=1, watchdog=policy))
         first_uid = eventually("pod rec-0", lambda: pod_uid(cluster, "rec-0"))
@@ -199,7 +207,7 @@ def test_the_prestop_hook_drains_and_waits_for_live_sessions(servers: list[EnvSe
     """What the kubelet runs before stopping an env server in a rollout or scale-down."""
     (server,) = servers
     live = server.post("/create", {})["id"]
-    spec = EnvPoolSpec(env="frozen_lake", port=server.port)
+    spec = EnvPoolSpec(env="frozen_lake", port=server.port, admin_port=server.admin_port)
     pod = build_statefulset(owner("p", "ns", "uid"), spec, OperatorSettings())
     hook = pod["spec"]["template"]["spec"]["containers"][0]["lifecycle"]["preStop"]["exec"]
     command = [sys.executable, *hook["command"][1:]]

@@ -4,6 +4,7 @@ ServiceAccount can do exactly what the operator does."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import subprocess
@@ -49,6 +50,8 @@ OPERATOR_NEEDS: frozenset[tuple[str, str, str]] = frozenset(
        for kind in ("statefulsets", "deployments")}
     | {(verb, "", kind) for verb in ("create", "patch") for kind in ("services", "configmaps")}
     | {("create", "policy", "poddisruptionbudgets"), ("patch", "policy", "poddisruptionbudgets")}
+    | {(verb, "networking.k8s.io", "networkpolicies")
+       for verb in ("get", "create", "patch", "delete")}
     | {(verb, "", "pods") for verb in ("list", "watch", "delete")}
     | {("get", "", "pods/log")}
     | {(verb, group, kind) for verb in ("get", "list", "watch", "create", "patch")
@@ -210,6 +213,30 @@ def test_kustomize_overlay_passes_server_side_dry_run(kube: ControlPlane, overla
     } <= kinds, applied
 
 
+def test_the_no_network_policy_component_turns_pool_policies_off(
+    kube: ControlPlane, tmp_path: Path
+) -> None:
+    kustomize = REPO_ROOT / "kustomize"
+    overlay = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        # kustomize takes other roots only as relative paths.
+        "resources": [os.path.relpath(kustomize / "overlays" / "dev", tmp_path)],
+        "components": [os.path.relpath(kustomize / "components" / "no-network-policy", tmp_path)],
+    }
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+
+    def network_policy_setting(path: Path) -> str:
+        documents = yaml.safe_load_all(tool(kube, "kustomize", "build", str(path)))
+        (deployment,) = [d for d in documents if d["kind"] == "Deployment"]
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        env = {item["name"]: item.get("value") for item in container["env"]}
+        return str(env["GYMKUBE_NETWORK_POLICY"])
+
+    assert network_policy_setting(kustomize / "overlays" / "dev") == "true"
+    assert network_policy_setting(tmp_path) == "false"
+
+
 def test_kustomize_base_is_the_rendered_chart() -> None:
     done = subprocess.run(
         [str(REPO_ROOT / ".venv" / "bin" / "python"), "hack/render_kustomize_base.py", "--check"],
@@ -346,8 +373,9 @@ def test_service_account_can_apply_every_envpool_child(
     children = build_children(
         owner("lake", namespace, pool["metadata"]["uid"]),
         parse_spec(pool["spec"]),
-        OperatorSettings(),
+        OperatorSettings(**chart_operator_settings(kube, namespace)),
     )
+    assert "NetworkPolicy" in {child["kind"] for child in children}
     manifests = "---\n".join(yaml.safe_dump(child) for child in children)
     applied = kube.kubectl(
         "apply", "--server-side", "--force-conflicts", "--field-manager=gymkube-operator",
@@ -358,11 +386,45 @@ def test_service_account_can_apply_every_envpool_child(
         kube.kubectl("get", "secrets", f"--namespace={namespace}", f"--as={user}")
 
 
-def chart_operator_env(kube: ControlPlane, namespace: str, *args: str) -> dict[str, str]:
-    """The GYMKUBE_* settings the chart's Deployment gives the operator container."""
+def chart_operator_deployment(kube: ControlPlane, namespace: str, *args: str) -> dict[str, Any]:
     rendered = helm_template(kube, namespace, "--show-only", "templates/deployment.yaml", *args)
-    container = yaml.safe_load(rendered)["spec"]["template"]["spec"]["containers"][0]
-    return {item["name"]: item["value"] for item in container["env"]}
+    deployment: dict[str, Any] = yaml.safe_load(rendered)
+    return deployment
+
+
+def chart_operator_env(kube: ControlPlane, namespace: str, *args: str) -> dict[str, str]:
+    """The GYMKUBE_* settings the chart's Deployment gives the operator container (the downward
+    API's namespace is the release's)."""
+    deployment = chart_operator_deployment(kube, namespace, *args)
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    downward = {"metadata.namespace": namespace}
+    return {
+        item["name"]: item["value"]
+        if "value" in item
+        else downward[item["valueFrom"]["fieldRef"]["fieldPath"]]
+        for item in container["env"]
+    }
+
+
+def chart_operator_settings(kube: ControlPlane, namespace: str) -> dict[str, str]:
+    """The chart's settings as OperatorSettings field values."""
+    env = chart_operator_env(kube, namespace)
+    return {k.removeprefix("GYMKUBE_").lower(): v for k, v in env.items()}
+
+
+def test_the_pool_policies_let_in_the_operator_pod_the_chart_runs(kube: ControlPlane) -> None:
+    """GYMKUBE_OPERATOR_POD_LABELS select the chart's operator pod, so the policies that the
+    operator gives each pool admit its own probes and drains (a mismatch would make every pool
+    unreachable to the watchdog where NetworkPolicy is enforced)."""
+    deployment = chart_operator_deployment(kube, "gymkube-system", "--set", "podLabels.team=rl")
+    settings = OperatorSettings(**chart_operator_settings(kube, "gymkube-system"))
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert settings.network_policy
+    assert settings.operator_namespace == "gymkube-system"
+    assert settings.operator_pod_labels.items() <= pod_labels.items()
+    assert settings.operator_pod_labels == deployment["spec"]["selector"]["matchLabels"]
+    off = chart_operator_env(kube, "gymkube-system", "--set", "networkPolicy.enabled=false")
+    assert off["GYMKUBE_NETWORK_POLICY"] == "false"
 
 
 def free_port() -> int:
@@ -429,7 +491,8 @@ def test_operator_rbac(
         def children_and_status() -> bool:
             found = kube.kubectl(
                 "get", ns, "statefulset/lake", "deployment/lake-router", "service/lake",
-                "service/lake-backends", "poddisruptionbudget/lake", "-o", "name", check=False,
+                "service/lake-backends", "poddisruptionbudget/lake",
+                "networkpolicy/lake-envservers", "-o", "name", check=False,
             )  # fmt: skip
             status = kube.kubectl("get", ns, "envpool/lake", "-o", "jsonpath={.status}").stdout
             return found.returncode == 0 and '"conditions"' in status

@@ -36,6 +36,11 @@ tests/integration/test_packaging.py checks these rules against the operator's ne
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["create", "patch"]
+# An EnvPool's NetworkPolicy (networkPolicy.enabled): server-side applied; read and deleted to
+# remove the pool's own policy when the operator runs with policies turned off.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "create", "patch", "delete"]
 # The watchdog indexes env-server pods and deletes hung or worn-out ones (their StatefulSet
 # recreates them); a TrainingRun lists its Job's pods to report why they failed.
 - apiGroups: [""]

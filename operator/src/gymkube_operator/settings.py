@@ -2,7 +2,7 @@
 
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from gymkube_operator.kinds import GROUP
@@ -57,6 +57,21 @@ class OperatorSettings(BaseSettings):
         30.0, gt=0, description="How often a suspended pool's status is recomputed."
     )
     field_manager: str = Field("gymkube-operator", description="Server-side apply field manager.")
+    network_policy: bool = Field(
+        False,
+        description=(
+            "Give every EnvPool a NetworkPolicy: its env servers take sessions only from its "
+            "routers, its TrainingRuns' pods and this operator, and /admin/* only from this "
+            "operator. Needs operator_namespace and operator_pod_labels (the chart sets all three)."
+        ),
+    )
+    operator_namespace: str | None = Field(
+        None, description="The operator pod's namespace (the chart sets it from the downward API)."
+    )
+    operator_pod_labels: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description="Labels that select the operator pod, as key=value,key=value.",
+    )
     liveness_port: int = Field(
         8080, ge=0, le=65535, description="Port of the operator's own /healthz; 0 turns it off."
     )
@@ -69,6 +84,23 @@ class OperatorSettings(BaseSettings):
     @classmethod
     def _lower_log_level(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value
+
+    @field_validator("operator_pod_labels", mode="before")
+    @classmethod
+    def _split_labels(cls, value: object) -> object:
+        if isinstance(value, str):
+            pairs = (part.strip().partition("=") for part in value.split(",") if part.strip())
+            return {key.strip(): label.strip() for key, _, label in pairs}
+        return value
+
+    @model_validator(mode="after")
+    def _network_policy_knows_the_operator(self) -> "OperatorSettings":
+        if self.network_policy and not (self.operator_namespace and self.operator_pod_labels):
+            raise ValueError(
+                "network_policy needs operator_namespace and operator_pod_labels "
+                "(GYMKUBE_OPERATOR_NAMESPACE, GYMKUBE_OPERATOR_POD_LABELS)"
+            )
+        return self
 
     @field_validator("namespaces", mode="before")
     @classmethod

@@ -109,6 +109,16 @@ class BodyLimitMiddleware:
         await self.app(scope, receive, send)
 
 
+def _only_on_admin_port(request: Request, settings: ServerSettings) -> None:
+    """With an admin port, /admin/* does not exist on the session port, so anything that can reach
+    sessions cannot drain the server."""
+    if settings.admin_port is None:
+        return
+    _, local_port = request.scope.get("server") or (None, None)
+    if local_port != settings.admin_port:
+        raise ApiError(ErrorCode.NOT_FOUND, f"{request.url.path} is served on the admin port only")
+
+
 def create_app(settings: ServerSettings, backend: EnvBackend | None = None) -> FastAPI:
     """The env server for ``settings.env`` (or the given backend); EnvSpecError when
     ``settings.env_config`` is not a valid env_config of that env."""
@@ -319,7 +329,10 @@ def create_app(settings: ServerSettings, backend: EnvBackend | None = None) -> F
         responses=_errors(*COMMON_ERRORS),
         summary="Stop (or, with draining=false, resume) taking new sessions.",
     )
-    async def drain(body: Annotated[DrainRequest | None, Body()] = None) -> DrainResponse:
+    async def drain(
+        request: Request, body: Annotated[DrainRequest | None, Body()] = None
+    ) -> DrainResponse:
+        _only_on_admin_port(request, settings)
         manager.set_draining(body.draining if body else True)
         return DrainResponse(draining=manager.draining, active=len(manager.sessions))
 

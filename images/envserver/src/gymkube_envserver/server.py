@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 
 import uvicorn
@@ -27,7 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     # py4j logs every JVM shutdown with a traceback at INFO; ScienceWorld logs every task load.
     for chatty in ("py4j", "scienceworld"):
         logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLogger().level))
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -37,6 +38,24 @@ def main(argv: list[str] | None = None) -> None:
         access_log=False,
         timeout_graceful_shutdown=30,
     )
+    ports = [settings.port] if settings.admin_port is None else [settings.port, settings.admin_port]
+    sockets = [_listen(settings.host, port) for port in ports]
+    # One server, one event loop, one session manager on both the session and the admin port.
+    uvicorn.Server(config).run(sockets=sockets)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        print(f"gymkube-envserver: cannot listen on {host}:{port}: {exc.strerror}", file=sys.stderr)
+        raise SystemExit(2) from None
+    sock.set_inheritable(True)
+    return sock
 
 
 if __name__ == "__main__":

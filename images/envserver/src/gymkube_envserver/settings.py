@@ -37,6 +37,15 @@ class ServerSettings(BaseSettings):
     )
     host: str = Field(default="0.0.0.0", description="Address to bind.")
     port: int = Field(default=8000, ge=0, le=65_535, description="Port to bind (0: any free).")
+    admin_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65_535,
+        description=(
+            "A second port that alone serves /admin/* (a NetworkPolicy can then keep it to the "
+            "operator); unset: /admin/* is served on --port."
+        ),
+    )
     max_sessions: int = Field(default=16, ge=1, description="Most open sessions at once.")
     warm: int = Field(default=2, ge=0, description="Started envs kept ready for /create.")
     warm_up_resets: int = Field(

@@ -5,20 +5,22 @@ from typing import Any
 
 from gymkube_operator.envpool.models import KIND, EnvPoolSpec
 from gymkube_operator.kinds import ResourceRequirements
+from gymkube_operator.labels import COMPONENT_LABEL, POOL_CLIENT_LABEL, POOL_LABEL
 from gymkube_operator.objects import RESTRICTED_CONTAINER, RESTRICTED_POD, Object, Owner, merge
 from gymkube_operator.settings import OperatorSettings
 
-POOL_LABEL = "gymkube.io/envpool"
-COMPONENT_LABEL = "app.kubernetes.io/component"
 ENVSERVER = "envserver"
 ROUTER = "router"
 ENVSERVER_CONTAINER = "envserver"
 ROUTER_CONTAINER = "router"
 # Kubelet gets this long past the drain timeout to stop the server after its preStop drain.
 GRACE_AFTER_DRAIN = 30
+HTTP_PORT_NAME = "http"
+ADMIN_PORT_NAME = "admin"
 
 # preStop hook: stop taking new sessions, then wait (within the grace period) until the live ones
-# end, so a rollout or scale-down never cuts an episode short. Uses only the image's Python.
+# end, so a rollout or scale-down never cuts an episode short. Uses only the image's Python; talks
+# to the admin port, which serves /status too.
 DRAIN_SCRIPT = """\
 import json, sys, time, urllib.request
 base = "http://127.0.0.1:" + sys.argv[1]
@@ -44,6 +46,10 @@ def backends_name(pool: str) -> str:
 
 def router_name(pool: str) -> str:
     return f"{pool}-router"
+
+
+def network_policy_name(pool: str) -> str:
+    return f"{pool}-envservers"
 
 
 def pool_url(pool: str, namespace: str, port: int) -> str:
@@ -74,7 +80,7 @@ def _resources(requirements: ResourceRequirements) -> Object:
 
 def _http_probe(path: str, period: int, failures: int) -> Object:
     return {
-        "httpGet": {"path": path, "port": "http"},
+        "httpGet": {"path": path, "port": HTTP_PORT_NAME},
         "periodSeconds": period,
         "failureThreshold": failures,
         "timeoutSeconds": 2,
@@ -92,7 +98,7 @@ def _container(
         "args": args,
         # The root filesystem is read-only: anything that writes a home or temp dir uses /tmp.
         "env": [{"name": "HOME", "value": "/tmp"}, {"name": "TMPDIR", "value": "/tmp"}],
-        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        "ports": [{"name": HTTP_PORT_NAME, "containerPort": port, "protocol": "TCP"}],
         "livenessProbe": _http_probe(
             "/healthz",
             settings.liveness_probe_period_seconds,
@@ -130,6 +136,8 @@ def envserver_args(spec: EnvPoolSpec) -> list[str]:
         "0.0.0.0",
         "--port",
         str(spec.port),
+        "--admin-port",
+        str(spec.admin_port),
         "--max-sessions",
         str(spec.sessions_per_replica),
         "--warm",
@@ -155,6 +163,7 @@ def build_statefulset(pool: Owner, spec: EnvPoolSpec, settings: OperatorSettings
         settings,
     )
     container["resources"] = _resources(spec.resources)
+    container["ports"].append({"name": ADMIN_PORT_NAME, "containerPort": spec.admin_port})
     container["startupProbe"] = _http_probe(
         "/healthz",
         settings.startup_probe_period_seconds,
@@ -163,7 +172,7 @@ def build_statefulset(pool: Owner, spec: EnvPoolSpec, settings: OperatorSettings
     # A server that exits on a bad env or setting says why in its last log lines: the kubelet puts
     # them into the pod status, where the watchdog reads them for the Degraded message.
     container["terminationMessagePolicy"] = "FallbackToLogsOnError"
-    drain_command = ["python3", "-c", DRAIN_SCRIPT, str(spec.port), str(drain)]
+    drain_command = ["python3", "-c", DRAIN_SCRIPT, str(spec.admin_port), str(drain)]
     container["lifecycle"] = {"preStop": {"exec": {"command": drain_command}}}
     pod_spec = merge(_pod_spec(container, drain + GRACE_AFTER_DRAIN), spec.pod_template)
     return {
@@ -196,7 +205,7 @@ def build_backends_service(pool: Owner, spec: EnvPoolSpec) -> Object:
             # keep resolving it.
             "publishNotReadyAddresses": True,
             "selector": selector_labels(pool.name, ENVSERVER),
-            "ports": [{"name": "http", "port": spec.port, "targetPort": "http"}],
+            "ports": [{"name": HTTP_PORT_NAME, "port": spec.port, "targetPort": HTTP_PORT_NAME}],
         },
     }
 
@@ -239,7 +248,7 @@ def build_pool_service(pool: Owner, spec: EnvPoolSpec) -> Object:
         "spec": {
             "type": "ClusterIP",
             "selector": selector_labels(pool.name, ROUTER),
-            "ports": [{"name": "http", "port": spec.port, "targetPort": "http"}],
+            "ports": [{"name": HTTP_PORT_NAME, "port": spec.port, "targetPort": HTTP_PORT_NAME}],
         },
     }
 
@@ -256,6 +265,36 @@ def build_disruption_budget(pool: Owner, spec: EnvPoolSpec) -> Object:
     }
 
 
+def build_network_policy(pool: Owner, spec: EnvPoolSpec, settings: OperatorSettings) -> Object:
+    """Who may reach the env servers: sessions from the pool's routers and its TrainingRuns' pods,
+    probes and drains from the operator. The routers (the pool URL) are left open: they are what
+    clients call."""
+    operator = {
+        "namespaceSelector": {
+            "matchLabels": {"kubernetes.io/metadata.name": settings.operator_namespace}
+        },
+        "podSelector": {"matchLabels": settings.operator_pod_labels},
+    }
+    routers = {"podSelector": {"matchLabels": selector_labels(pool.name, ROUTER)}}
+    clients = {"podSelector": {"matchLabels": {POOL_CLIENT_LABEL: pool.name}}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": pool.metadata(network_policy_name(pool.name), labels(pool.name, ENVSERVER)),
+        "spec": {
+            "podSelector": {"matchLabels": selector_labels(pool.name, ENVSERVER)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [routers, clients, operator],
+                    "ports": [{"port": HTTP_PORT_NAME, "protocol": "TCP"}],
+                },
+                {"from": [operator], "ports": [{"port": ADMIN_PORT_NAME, "protocol": "TCP"}]},
+            ],
+        },
+    }
+
+
 def build_children(pool: Owner, spec: EnvPoolSpec, settings: OperatorSettings) -> list[Object]:
     """Every object an EnvPool owns, in the order they are applied (backends before router)."""
     return [
@@ -264,6 +303,7 @@ def build_children(pool: Owner, spec: EnvPoolSpec, settings: OperatorSettings) -
         build_router_deployment(pool, spec, settings),
         build_pool_service(pool, spec),
         build_disruption_budget(pool, spec),
+        *([build_network_policy(pool, spec, settings)] if settings.network_policy else []),
     ]
 
 

@@ -12,7 +12,7 @@ import kopf
 
 from gymkube_operator.conditions import ConditionStatus, find_condition, now_rfc3339
 from gymkube_operator.envpool import builders, pods
-from gymkube_operator.envpool.builders import COMPONENT_LABEL, ENVSERVER, POOL_LABEL, ROUTER
+from gymkube_operator.envpool.builders import ENVSERVER, ROUTER
 from gymkube_operator.envpool.models import PLURAL, EnvPoolSpec, EnvPoolStatus
 from gymkube_operator.envpool.prober import observe
 from gymkube_operator.envpool.restarts import record_actions, restart_times
@@ -20,6 +20,7 @@ from gymkube_operator.envpool.status import DEGRADED, Observed, compute_status
 from gymkube_operator.envpool.watchdog import Action, Memory, Plan, decide
 from gymkube_operator.kinds import GROUP, VERSION
 from gymkube_operator.kube import KubeError
+from gymkube_operator.labels import COMPONENT_LABEL, POOL_LABEL
 from gymkube_operator.objects import Object
 from gymkube_operator.runtime import Runtime, namespaced
 
@@ -92,6 +93,21 @@ async def _apply_children(
     return Observed(statefulset=by_kind["StatefulSet"], router=by_kind["Deployment"])
 
 
+async def _remove_network_policy(rt: Runtime, name: str, namespace: str, uid: str) -> None:
+    """With network policies turned off, a policy this pool got earlier goes (a same-named one the
+    user made stays)."""
+    api_version, kind = "networking.k8s.io/v1", "NetworkPolicy"
+    policy_name = builders.network_policy_name(name)
+    try:
+        found = await rt.client.get(api_version, kind, namespace, policy_name)
+        owners = (found or {}).get("metadata", {}).get("ownerReferences", [])
+        if found is not None and any(ref.get("uid") == uid for ref in owners):
+            policy_uid = found["metadata"]["uid"]
+            await rt.client.delete(api_version, kind, namespace, policy_name, policy_uid)
+    except KubeError as error:
+        logger.warning("could not remove NetworkPolicy %s/%s: %s", namespace, policy_name, error)
+
+
 async def _write_status(
     rt: Runtime, state: PoolState, name: str, namespace: str, status: EnvPoolStatus
 ) -> None:
@@ -112,6 +128,8 @@ async def reconcile(
     spec = builders.parse_spec(body["spec"])
     async with state.lock:
         observed = await _apply_children(rt, name, namespace, uid, spec)
+        if not rt.settings.network_policy:
+            await _remove_network_policy(rt, name, namespace, uid)
         previous = state.previous(body)
         status = compute_status(
             name=name,
@@ -149,7 +167,7 @@ async def _carry_out(
             kopf.event(body, type=kind, reason=verb, message=_describe(action))
             done.append((action, is_restart))
     for action in plan.drain:
-        address = rt.resolve(by_uid[action.uid], spec.port)
+        address = rt.resolve(by_uid[action.uid], spec.admin_port)
         if address is None:
             continue
         with contextlib.suppress(aiohttp.ClientError, TimeoutError):

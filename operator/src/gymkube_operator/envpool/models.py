@@ -103,6 +103,7 @@ class EnvPoolSpec(CamelModel):
                 "self.warmSessionsPerReplica <= self.sessionsPerReplica",
                 "warmSessionsPerReplica must not exceed sessionsPerReplica",
             ),
+            ("self.adminPort != self.port", "adminPort must differ from port"),
         )
     )
 
@@ -134,6 +135,15 @@ class EnvPoolSpec(CamelModel):
     )
     port: int = Field(
         8000, ge=1024, le=65535, description="Port of the env servers and of the pool URL."
+    )
+    admin_port: int = Field(
+        8001,
+        ge=1024,
+        le=65535,
+        description=(
+            "Port of the env servers' /admin/* (drain), which the pool's NetworkPolicy opens to "
+            "the operator only."
+        ),
     )
     replicas: int = Field(1, ge=0, le=1000, description="Env-server pods (scale subresource).")
     sessions_per_replica: int = Field(

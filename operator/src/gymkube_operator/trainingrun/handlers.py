@@ -15,6 +15,7 @@ import kopf
 
 from gymkube_operator.kinds import API_VERSION, GROUP, VERSION
 from gymkube_operator.kube import KubeError
+from gymkube_operator.labels import RUN_LABEL
 from gymkube_operator.objects import Object
 from gymkube_operator.runtime import Runtime, namespaced
 from gymkube_operator.trainingrun import command, lifecycle, overrides, render
@@ -175,7 +176,7 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     """Register the TrainingRun handlers on a registry (tests build their own)."""
     wakes: dict[RunKey, asyncio.Event] = {}
     pools: dict[RunKey, str] = {}
-    run_children = {render.RUN_LABEL: kopf.PRESENT}
+    run_children = {RUN_LABEL: kopf.PRESENT}
 
     def wake(key: RunKey) -> None:
         event = wakes.get(key)
@@ -189,7 +190,7 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     @kopf.on.event("batch", "v1", "jobs", labels=run_children, registry=registry)
     @kopf.on.event("ray.io", "v1", "rayjobs", labels=run_children, registry=registry)
     def trainingrun_child_changed(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
-        wake((namespaced(namespace), labels[render.RUN_LABEL]))
+        wake((namespaced(namespace), labels[RUN_LABEL]))
 
     @kopf.on.event(GROUP, VERSION, "envpools", registry=registry)
     def trainingrun_pool_changed(namespace: str | None, name: str, **_: Any) -> None:

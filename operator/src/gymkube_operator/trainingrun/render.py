@@ -3,6 +3,7 @@ RayJob. Plain dicts, applied as they are by server-side apply."""
 
 from typing import Any
 
+from gymkube_operator.labels import COMPONENT_LABEL, POOL_CLIENT_LABEL, RUN_LABEL
 from gymkube_operator.objects import (
     RESTRICTED_CONTAINER,
     RESTRICTED_POD,
@@ -14,8 +15,6 @@ from gymkube_operator.trainingrun import command, device
 from gymkube_operator.trainingrun.command import RunTarget
 from gymkube_operator.trainingrun.models import KIND
 
-RUN_LABEL = "gymkube.io/trainingrun"
-COMPONENT_LABEL = "app.kubernetes.io/component"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PREFLIGHT = "preflight"
 TRAINER = "trainer"
@@ -42,6 +41,7 @@ def labels(target: RunTarget, component: str) -> dict[str, str]:
         "app.kubernetes.io/managed-by": "gymkube-operator",
         COMPONENT_LABEL: component,
         RUN_LABEL: target.name,
+        POOL_CLIENT_LABEL: target.spec.env_pool_ref.name,
     }
 
 
