@@ -20,6 +20,7 @@ from gymkube_envserver.envs import EnvSpecError, load_backend
 from gymkube_envserver.envs.base import EnvBackend, EnvInputError, ResetParams
 from gymkube_envserver.errors import ApiError
 from gymkube_envserver.metrics import MetricsMiddleware, ServerMetrics
+from gymkube_envserver.openenv import add_openenv_routes
 from gymkube_envserver.sessions import SessionManager
 from gymkube_envserver.settings import ServerSettings
 from gymkube_envserver.wire import (
@@ -152,6 +153,7 @@ def create_app(settings: ServerSettings, backend: EnvBackend | None = None) -> F
     app.state.metrics = metrics
     app.add_middleware(BodyLimitMiddleware)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
+    add_openenv_routes(app, manager, env_backend, settings)
 
     @app.exception_handler(ApiError)
     async def on_api_error(request: Request, exc: ApiError) -> JSONResponse:

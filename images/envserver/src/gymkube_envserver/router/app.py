@@ -18,15 +18,23 @@ from json.encoder import encode_basestring_ascii
 from typing import Any
 from urllib.parse import urlencode
 
+import aiohttp
 from aiohttp import web
 from multidict import MultiDict
 from pydantic import BaseModel, ValidationError
 from pydantic_settings import SettingsError
 
-from gymkube_envserver.router.endpoints import ID_RESPONSES, KNOWN_ENDPOINTS
+from gymkube_envserver.openenv import CloseCode, OpenEnvErrorCode, error_frame
+from gymkube_envserver.router.endpoints import (
+    ANY_BACKEND_ENDPOINTS,
+    ID_RESPONSES,
+    KNOWN_ENDPOINTS,
+    TUNNEL_ENDPOINT,
+)
 from gymkube_envserver.router.metrics import RouterMetrics
 from gymkube_envserver.router.pool import Backend, BackendState, Pool, RoutingError, session_lost
 from gymkube_envserver.router.settings import RouterSettings
+from gymkube_envserver.router.tunnel import Tunnel
 from gymkube_envserver.router.upstream import ConnectFailed, ConnectionDropped, Reply, Upstream
 from gymkube_envserver.wire import ERROR_STATUS, RETRY_AFTER_CODES, ErrorCode, error_body
 
@@ -100,14 +108,14 @@ class Router:
         self._overdue: set[asyncio.Task[Any]] = set()
         # /close calls for sessions whose client left during /create.
         self._orphan_closes: set[asyncio.Task[Any]] = set()
+        self._ws_client: aiohttp.ClientSession | None = None
         self._routes: dict[tuple[str, str], Handler] = {
             ("GET", "/healthz"): self._healthz,
             ("GET", "/readyz"): self._readyz,
             ("GET", "/status"): self._status,
             ("GET", "/metrics"): self._metrics_text,
-            ("GET", "/tasks"): self._any_backend,
-            ("GET", "/"): self._any_backend,
             ("POST", "/create"): self._create,
+            **{("GET", path): self._any_backend for path in ANY_BACKEND_ENDPOINTS},
         }
 
     @property
@@ -125,10 +133,22 @@ class Router:
         self._metrics = RouterMetrics(self._pool)
         await self._pool.start()
         self._sweeper = asyncio.create_task(self._sweep())
+        self._ws_client = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None, connect=self.settings.connect_timeout),
+            auto_decompress=False,
+        )
+
+    async def close_tunnels(self) -> None:
+        """End every open WebSocket with 1001: its client reconnects through another replica."""
+        for backend in self.pool.backends.values():
+            for tunnel in list(backend.tunnels):
+                tunnel.end(CloseCode.GOING_AWAY, "the router is shutting down; reconnect")
 
     async def stop(self) -> None:
         if self._sweeper is not None:
             self._sweeper.cancel()
+        if self._ws_client is not None:
+            await self._ws_client.close()
         if self._pool is not None:
             await self._pool.stop()
         self._upstream.close()
@@ -152,8 +172,10 @@ class Router:
     # -- dispatch --------------------------------------------------------------------------
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
-        started = time.perf_counter()
         path = request.path
+        if path == TUNNEL_ENDPOINT and request.method == "GET":
+            return await self._websocket(request)
+        started = time.perf_counter()
         handler = self._routes.get((request.method, path))
         try:
             if handler is not None:
@@ -330,6 +352,79 @@ class Router:
                 self._close_orphan(request, backend, payload)
             return self._respond(backend, "/create", status, payload, headers)
 
+    async def _websocket(self, request: web.BaseRequest) -> web.StreamResponse:
+        """An OpenEnv session: placed now, tunnelled to that backend until either side closes."""
+        client = web.WebSocketResponse(autoping=True, compress=False, max_msg_size=0)
+        if not client.can_prepare(request).ok:
+            message = f"{TUNNEL_ENDPOINT} takes WebSocket upgrades"
+            return _json_response(400, error_body(ErrorCode.BAD_REQUEST, message))
+        placed = await self._place_websocket()
+        await client.prepare(request)
+        if placed is None:
+            # OpenEnv's own answer to a full server, which its clients raise from the first reset.
+            self.metrics.pool_full += 1
+            status = self.status()
+            await client.send_str(
+                error_frame(
+                    OpenEnvErrorCode.CAPACITY_REACHED,
+                    "every env server in the pool is full or not ready",
+                    active_sessions=status.active,
+                    max_sessions=status.capacity,
+                    retry_after_s=self.settings.retry_after,
+                )
+            )
+            await client.close(code=CloseCode.NORMAL, message=b"pool at capacity")
+            return client
+        backend, upstream = placed
+        tunnel = Tunnel(client, upstream, backend.address)
+        backend.tunnels.add(tunnel)
+        self.metrics.tunnels_opened += 1
+        try:
+            await tunnel.run()
+        finally:
+            backend.tunnels.discard(tunnel)
+            self.pool.closed(backend)
+            self.metrics.tunnel_closed(tunnel)
+        return client
+
+    async def _place_websocket(
+        self,
+    ) -> tuple[Backend, aiohttp.ClientWebSocketResponse] | None:
+        """The backend with the most room and an open socket to its ``/ws``; None when full."""
+        assert self._ws_client is not None
+        pool = self.pool
+        deadline = time.monotonic() + self.settings.ws_create_wait
+        refused: set[Backend] = set()
+        waited = False
+        while True:
+            backend = pool.pick(refused)
+            if backend is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                if not waited:
+                    waited = True
+                    self.metrics.create_waits += 1
+                await pool.wait_for_room(remaining)
+                refused.clear()
+                continue
+            backend.unreported += 1
+            try:
+                upstream = await self._ws_client.ws_connect(
+                    f"http://{backend.address}{TUNNEL_ENDPOINT}",
+                    heartbeat=self.settings.ws_heartbeat,
+                    autoping=True,
+                    compress=0,
+                    max_msg_size=0,
+                )
+            except (aiohttp.ClientError, OSError, TimeoutError):
+                backend.unreported -= 1
+                backend.errors += 1
+                refused.add(backend)
+                continue
+            backend.placed += 1
+            return backend, upstream
+
     def _close_orphan(self, request: web.BaseRequest, backend: Backend, payload: bytes) -> None:
         try:
             session_id = json.loads(payload)["id"]
@@ -350,7 +445,7 @@ class Router:
             log.warning("closing an orphaned session failed: %s", task.exception())
 
     async def _any_backend(self, request: web.BaseRequest) -> web.StreamResponse:
-        """Pool-wide facts every env server answers alike (``/tasks``, ``/``)."""
+        """Pool-wide facts every env server answers alike (``ANY_BACKEND_ENDPOINTS``)."""
         backend = self.pool.any_ready()
         if backend is None:
             raise RoutingError(ErrorCode.AT_CAPACITY, "no env server in the pool is ready")
@@ -499,6 +594,7 @@ async def serve(settings: RouterSettings, started: asyncio.Event | None = None) 
         await stop.wait()
         log.info("gymkube-router stopping: finishing requests in flight")
     finally:
+        await router.close_tunnels()
         await runner.cleanup()
         await router.stop()
         log.info("gymkube-router stopped")

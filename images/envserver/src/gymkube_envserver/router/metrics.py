@@ -20,6 +20,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from gymkube_envserver.router.pool import Pool
+from gymkube_envserver.router.tunnel import Tunnel
 
 ADDED_LATENCY_BUCKETS = (
     0.0001,
@@ -67,6 +68,9 @@ class RouterMetrics(Collector):
         self.create_waits = 0
         self.pool_full = 0
         self.orphans_closed = 0
+        self.tunnels_opened = 0
+        self.tunnel_messages = 0
+        self.tunnel_closes: Counter[int] = Counter()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -76,6 +80,10 @@ class RouterMetrics(Collector):
         if histogram is None:
             histogram = self.added_latency[endpoint] = Histogram()
         histogram.observe(added_seconds)
+
+    def tunnel_closed(self, tunnel: Tunnel) -> None:
+        self.tunnel_messages += tunnel.messages
+        self.tunnel_closes[int(tunnel.closed_with or 0)] += 1
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -114,6 +122,25 @@ class RouterMetrics(Collector):
             "Sessions closed because their client left while /create was under way.",
             value=self.orphans_closed,
         )
+        yield CounterMetricFamily(
+            "gymkube_router_websockets_opened",
+            "OpenEnv WebSocket sessions placed and tunnelled to a backend.",
+            value=self.tunnels_opened,
+        )
+        closes = CounterMetricFamily(
+            "gymkube_router_websockets_closed",
+            "Tunnelled WebSockets that ended, by the close code the client got "
+            "(1000 normal, 1001 router shutdown, 4408 expired, 4410 backend lost).",
+            labels=["code"],
+        )
+        for code, count in sorted(self.tunnel_closes.items()):
+            closes.add_metric([str(code)], count)
+        yield closes
+        yield CounterMetricFamily(
+            "gymkube_router_websocket_messages",
+            "Frames relayed by tunnels that have ended, both directions.",
+            value=self.tunnel_messages,
+        )
         yield from self._backend_families()
 
     def _backend_families(self) -> Iterator[Metric]:
@@ -143,6 +170,11 @@ class RouterMetrics(Collector):
             "Requests answered 410 because the backend was gone.",
             labels=labels,
         )
+        tunnels = GaugeMetricFamily(
+            "gymkube_router_backend_websockets",
+            "WebSockets this replica tunnels to the backend now.",
+            labels=labels,
+        )
         errors = CounterMetricFamily(
             "gymkube_router_backend_errors",
             "Backend calls that failed at the connection level.",
@@ -157,4 +189,5 @@ class RouterMetrics(Collector):
             placed.add_metric(label, backend.placed)
             lost.add_metric(label, backend.lost)
             errors.add_metric(label, backend.errors)
-        yield from (up, ready, capacity, active, placed, lost, errors)
+            tunnels.add_metric(label, len(backend.tunnels))
+        yield from (up, ready, capacity, active, placed, lost, errors, tunnels)

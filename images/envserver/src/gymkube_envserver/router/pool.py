@@ -16,13 +16,17 @@ import socket
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
 
+from gymkube_envserver.openenv import CloseCode
 from gymkube_envserver.router.settings import RouterSettings
 from gymkube_envserver.router.upstream import ConnectFailed, Upstream, UpstreamError
 from gymkube_envserver.wire import ErrorCode, StatusResponse
+
+if TYPE_CHECKING:
+    from gymkube_envserver.router.tunnel import Tunnel
 
 log = logging.getLogger("gymkube.router")
 
@@ -87,6 +91,8 @@ class Backend:
     lost: int = 0
     # Requests waiting on this backend, with when they were sent (time.monotonic()).
     inflight: dict[asyncio.Task[Any], float] = field(default_factory=dict)
+    # WebSocket sessions tunnelled to this backend.
+    tunnels: set[Tunnel] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.token = address_token(self.address)
@@ -261,6 +267,9 @@ class Pool:
         backend.dead = True
         for task in list(backend.inflight):
             task.cancel()
+        for tunnel in list(backend.tunnels):
+            reason = f"session_lost: the env server {backend.address} {why}"
+            tunnel.end(CloseCode.SESSION_LOST, reason)
 
     async def _resolve_loop(self, target: str) -> None:
         host, _, port = target.rpartition(":")

@@ -73,6 +73,18 @@ class RouterSettings(BaseSettings):
     create_wait: float = Field(
         default=10.0, ge=0, description="Seconds /create waits for room in a full pool."
     )
+    ws_create_wait: float = Field(
+        default=5.0,
+        ge=0,
+        description="Seconds a WebSocket upgrade waits for room in a full pool (OpenEnv's "
+        "client stops connecting after 10 s).",
+    )
+    ws_heartbeat: float = Field(
+        default=1.0,
+        gt=0,
+        description="Seconds of silence on a tunnelled WebSocket before the router pings the env "
+        "server; no pong within half of it and the client's socket closes with 4410.",
+    )
     retry_after: int = Field(
         default=2, ge=1, description="Retry-After seconds sent with 503 when the pool is full."
     )
