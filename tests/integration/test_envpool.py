@@ -67,6 +67,7 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("negative replicas", {"replicas": -1}, "spec.replicas: Invalid value: -1"),
     ("replicas as words", {"replicas": "four"}, 'spec.replicas: Invalid value: "string"'),
     ("privileged port", {"port": 80}, "should be greater than or equal to 1024"),
+    ("admin port is the session port", {"adminPort": 8000}, "adminPort must differ from port"),
     ("no sessions", {"sessionsPerReplica": 0}, "should be greater than or equal to 1"),
     (
         "probe timeout too long",
