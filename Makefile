@@ -83,7 +83,7 @@ images: install ## Build the envserver, router, operator and preflight images, t
 	hack/build-images.sh
 	$(PY) hack/smoke_images.py
 
-##@ Clusters (local single-node cluster here; kind where Docker can pull its node image)
+##@ Clusters (kind: its own node image where Docker can pull it, else one built here; or the local single-node cluster)
 
 .PHONY: cluster-up
 cluster-up: ## Start the local single-node cluster (root, cgroup v1); prints its kubeconfig.
@@ -93,8 +93,12 @@ cluster-up: ## Start the local single-node cluster (root, cgroup v1); prints its
 cluster-down: ## Stop the local cluster and remove every process, mount, rule and file it made.
 	hack/local-cluster.sh down
 
+.PHONY: kind-node-image
+kind-node-image: ## Build kind's node image here, no registry (root, Docker; cached; docs/cluster.md).
+	hack/kind-node-image.sh
+
 .PHONY: kind-up
-kind-up: ## Create the kind cluster `gymkube` (Docker + a registry for kind's node image).
+kind-up: ## Create the kind cluster `gymkube` (kindest/node where it can be pulled, else `make kind-node-image`'s).
 	hack/kind-up.sh
 
 .PHONY: kind-down
@@ -112,7 +116,7 @@ test-integration: install tools ## Integration tier: the operator against a real
 	$(PY) -m pytest -m integration tests/integration
 
 .PHONY: test-e2e
-test-e2e: install tools images ## e2e tier on the local cluster (root): up, load the images, run tests/e2e.
+test-e2e: install tools images ## e2e tier: kind (else the local cluster), the images loaded, tests/e2e.
 	hack/test-e2e.sh
 
 .PHONY: test

@@ -5,8 +5,7 @@ HACK_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=lib/kind-common.sh
 source "$HACK_DIR/lib/kind-common.sh"
 
-kind=$(kind_bin)
-if "$kind" get clusters 2>/dev/null | grep -xF "$KIND_NAME" >/dev/null; then
-	"$kind" delete cluster --name "$KIND_NAME" --kubeconfig "$KIND_KUBECONFIG"
+if kind_cluster_exists; then
+	"$(kind_bin)" delete cluster --name "$KIND_NAME" --kubeconfig "$KIND_KUBECONFIG"
 fi
 rm -f "$KIND_KUBECONFIG"

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Creates (or reuses) a kind cluster named gymkube and loads images into it. This is the path for
-# machines with Docker and a reachable registry (users' CI); kind's node image is pulled from
-# Docker Hub, so on machines without a registry use hack/local-cluster.sh instead.
+# Creates (or reuses) a one-node kind cluster named gymkube and loads images into it.
 #
 #   hack/kind-up.sh [IMAGE...]     # prints the kubeconfig path
 #
-# KIND_NODE_IMAGE overrides the node image; GYMKUBE_KIND_NAME the cluster name.
+# The node image is kind's own kindest/node (pinned by digest) wherever Docker has it or can pull
+# it, else gymkube's own (`make kind-node-image`, built here without a registry); KIND_NODE_IMAGE
+# overrides the choice. GYMKUBE_KIND_NAME names the cluster, GYMKUBE_KIND_KUBECONFIG its kubeconfig.
 set -euo pipefail
 HACK_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=lib/kind-common.sh
@@ -13,14 +13,19 @@ source "$HACK_DIR/lib/kind-common.sh"
 
 "$HACK_DIR/ensure-docker.sh"
 kind=$(kind_bin)
-if "$kind" get clusters 2>/dev/null | grep -xF "$KIND_NAME" >/dev/null; then
+if kind_cluster_exists; then
 	log "reusing kind cluster $KIND_NAME"
-	"$kind" export kubeconfig --name "$KIND_NAME" --kubeconfig "$KIND_KUBECONFIG" >/dev/null
+	"$kind" export kubeconfig --name "$KIND_NAME" --kubeconfig "$KIND_KUBECONFIG" >/dev/null 2>&1
 else
-	log "creating kind cluster $KIND_NAME from $KIND_NODE_IMAGE"
-	"$kind" create cluster --name "$KIND_NAME" --image "$KIND_NODE_IMAGE" \
+	image=$(kind_node_image) ||
+		die "no node image: kindest/node cannot be pulled here (no registry); build one with \`make kind-node-image\`"
+	log "creating kind cluster $KIND_NAME from $image"
+	config=$(mktemp)
+	trap 'rm -f "$config"' EXIT
+	kind_cluster_config "$image" >"$config"
+	"$kind" create cluster --name "$KIND_NAME" --image "$image" --config "$config" \
 		--kubeconfig "$KIND_KUBECONFIG" --wait 180s ||
-		die "kind could not create the cluster; if the node image could not be pulled (no registry), use \`make cluster-up\`"
+		die "kind could not create the cluster from $image (\`docker logs $KIND_NAME-control-plane\` shows the node's boot)"
 fi
 for image in "$@"; do
 	log "loading $image"

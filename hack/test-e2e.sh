@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
-# The e2e tier on this machine: the local single-node cluster (started here when it is not up,
-# and taken down again afterwards), the images `make images` built loaded into it, then
-# tests/e2e. On kind or any other cluster run the suite directly (docs/cluster.md).
+# The e2e tier on this machine: a cluster (started here when none is up, and taken down again
+# afterwards), the images `make images` built loaded into it, then tests/e2e.
+#
+# GYMKUBE_E2E_CLUSTER picks the cluster:
+#   auto (default)  a kind cluster that is up; else kind when a node image can be had (kind's own
+#                   where Docker can pull it, else `hack/kind-node-image.sh` builds one here);
+#                   else the local single-node cluster (hack/local-cluster.sh)
+#   kind | local    that one, or fail
+# On any other cluster run the suite directly (docs/cluster.md).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=lib/kind-common.sh
+source hack/lib/kind-common.sh
 
 tag=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/gymkube/Chart.yaml)
 images=()
@@ -11,12 +19,43 @@ for component in envserver router operator preflight trainer-cpu; do
 	images+=("gymkube/$component:$tag")
 done
 
-started_here=false
-hack/local-cluster.sh status >/dev/null 2>&1 || started_here=true
-stop_started_cluster() { if $started_here; then hack/local-cluster.sh down; fi; }
-trap stop_started_cluster EXIT
+say() { printf 'test-e2e: %s\n' "$*" >&2; }
 
-hack/local-cluster.sh up
-hack/local-cluster.sh load-image "${images[@]}"
-GYMKUBE_E2E_KUBECONFIG=$(hack/local-cluster.sh kubeconfig) GYMKUBE_E2E_IMAGE_TAG=$tag \
+choose_cluster() {
+	case ${GYMKUBE_E2E_CLUSTER:-auto} in
+	kind | local) echo "$GYMKUBE_E2E_CLUSTER" ;;
+	auto)
+		if hack/ensure-docker.sh >/dev/null 2>&1 && { kind_cluster_exists || kind_node_image >/dev/null; }; then
+			echo kind
+		elif hack/kind-node-image.sh >/dev/null; then
+			echo kind
+		else
+			say "kind's node image cannot be had or built here; using the local cluster"
+			echo local
+		fi
+		;;
+	*)
+		say "error: GYMKUBE_E2E_CLUSTER=$GYMKUBE_E2E_CLUSTER (auto, kind or local)"
+		exit 2
+		;;
+	esac
+}
+
+cluster=$(choose_cluster)
+say "cluster: $cluster"
+started_here=false
+if [[ $cluster == kind ]]; then
+	kind_cluster_exists || started_here=true
+	stop_started_cluster() { if $started_here; then hack/kind-down.sh; fi; }
+	trap stop_started_cluster EXIT
+	kubeconfig=$(hack/kind-up.sh "${images[@]}")
+else
+	hack/local-cluster.sh status >/dev/null 2>&1 || started_here=true
+	stop_started_cluster() { if $started_here; then hack/local-cluster.sh down; fi; }
+	trap stop_started_cluster EXIT
+	hack/local-cluster.sh up
+	hack/local-cluster.sh load-image "${images[@]}"
+	kubeconfig=$(hack/local-cluster.sh kubeconfig)
+fi
+GYMKUBE_E2E_KUBECONFIG=$kubeconfig GYMKUBE_E2E_IMAGE_TAG=$tag \
 	.venv/bin/python -m pytest -m e2e tests/e2e "$@"

@@ -31,8 +31,6 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -264,18 +262,20 @@ def tool(name: str) -> str:
 
 
 def kind_settings() -> dict[str, str]:
-    """KIND_NAME, KIND_NODE_IMAGE and KIND_KUBECONFIG as hack/lib/kind-common.sh sets them."""
+    """KIND_NAME, KIND_KUBECONFIG and the node image a new cluster would start from ("" when
+    there is none: kindest/node cannot be pulled and `make kind-node-image` has not run), as
+    hack/lib/kind-common.sh sets them."""
     out = quiet(
         [
             "bash",
             "-c",
-            'source hack/lib/kind-common.sh && printf "%s\\n" "$KIND_NAME" "$KIND_NODE_IMAGE" '
-            '"$KIND_KUBECONFIG"',
+            'source hack/lib/kind-common.sh && printf "%s\\n" "$KIND_NAME" "$KIND_KUBECONFIG" '
+            '"$(kind_node_image || true)"',
         ]
     )
     if out.returncode != 0:
         raise UpError(f"hack/lib/kind-common.sh: {out.stderr.strip()}")
-    name, image, kubeconfig = out.stdout.split()
+    name, kubeconfig, image = out.stdout.split("\n")[:3]
     return {"name": name, "image": image, "kubeconfig": kubeconfig}
 
 
@@ -294,17 +294,6 @@ def local_cluster_running() -> bool:
     return quiet([str(HACK / "local-cluster.sh"), "status"]).returncode == 0
 
 
-def registry_reachable(url: str = "https://registry-1.docker.io/v2/") -> bool:
-    """Any HTTP answer (401 included) means Docker could pull kind's node image."""
-    try:
-        urllib.request.urlopen(url, timeout=5)
-    except urllib.error.HTTPError:
-        return True
-    except (urllib.error.URLError, OSError):
-        return False
-    return True
-
-
 def choose_cluster(settings: UpSettings, kind: dict[str, str]) -> tuple[ClusterKind, str]:
     """(kind|local, why)."""
     if settings.cluster != "auto":
@@ -313,12 +302,9 @@ def choose_cluster(settings: UpSettings, kind: dict[str, str]) -> tuple[ClusterK
         return "kind", f"the kind cluster {kind['name']} exists"
     if local_cluster_running():
         return "local", "the local cluster is running"
-    if docker_answers():
-        if quiet(["docker", "image", "inspect", kind["image"]]).returncode == 0:
-            return "kind", f"Docker has kind's node image {kind['image']}"
-        if registry_reachable():
-            return "kind", f"Docker can pull kind's node image {kind['image']}"
-    return "local", f"kind's node image {kind['image']} cannot be had here (no registry)"
+    if docker_answers() and kind["image"]:
+        return "kind", f"kind's node image {kind['image']} can be had"
+    return "local", "no kind node image here (no registry, and `make kind-node-image` has not run)"
 
 
 def cluster_up(settings: UpSettings, state: UpState) -> tuple[ClusterKind, Path]:
