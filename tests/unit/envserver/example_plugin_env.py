@@ -54,3 +54,9 @@ class GuessNumberEnv:
 
     async def close(self) -> None:
         type(self).closed += 1
+
+
+class GuessNumberEnvOnce(GuessNumberEnv):
+    """The same game from a plugin that says its instances must not serve a second session."""
+
+    reusable = False

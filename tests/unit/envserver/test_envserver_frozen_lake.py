@@ -170,7 +170,7 @@ async def test_a_pool_default_word_map_is_won_by_a_plain_down_from_a_warm_env() 
     async with asgi_server(env_config={"size": 2, "moves": "word"}, warm=1) as (client, app):
         status = (await client.get("/status")).json()
         assert status["env_config"] == {"size": 2, "moves": "word"}
-        (warm_env,) = app.state.manager.warm
+        ((warm_env),) = [env.instance for env in app.state.manager.warm]
         session, first = await new_episode(client, data_idx=seed)
         assert app.state.manager.sessions[session].instance is warm_env
         assert [len(row) for row in grid_of(first["observation"])] == [2, 2]

@@ -46,10 +46,46 @@ async def test_steps_get_the_whole_conversation_and_score_sums_rewards() -> None
         assert last[1]["content"] == "I picked a number."
         assert last[-1] == {"role": "assistant", "content": f"<guess>{len(answers)}</guess>"}
         assert len(last) == 2 + 2 * len(answers) - 1
+
+
+async def test_a_plugin_env_serves_later_sessions_with_its_env_config_only() -> None:
+    """Plugins take env_config in their constructor: a given-back env goes only to a session
+    with the env_config it was built with, and its reset starts a fresh episode."""
+    async with asgi_server(env=PLUGIN, warm=0) as (client, app):
+        manager = app.state.manager
+        first = (await client.post("/create", json={"env_config": {"high": 4}})).json()["id"]
+        env = manager.sessions[first].instance
+        await client.post("/reset", json={"id": first, "seed": 11})
+        await client.post("/step", json={"id": first, "action": "<guess>1</guess>"})
         closed_before = plugin_class().closed
+        await client.post("/close", json={"id": first})
+        other = (await client.post("/create", json={"env_config": {"high": 9}})).json()["id"]
+        assert manager.sessions[other].instance is not env
+        again = (await client.post("/create", json={"env_config": {"high": 4}})).json()["id"]
+        assert manager.sessions[again].instance is env
+        reset = (await client.post("/reset", json={"id": again, "seed": 11})).json()
+        assert reset["task_description"].startswith("Guess my number between 1 and 4")
+        await client.post("/step", json={"id": again, "action": "<guess>2</guess>"})
+        assert len(plugin_class().last_messages) == 3, "the earlier episode's turns leaked"
+        assert plugin_class().closed == closed_before
+        status = (await client.get("/status")).json()
+        assert (status["envs_started"], status["envs_reused"]) == (2, 1)
+
+
+async def test_a_plugin_that_declares_itself_not_reusable_is_closed_with_its_session() -> None:
+    async with asgi_server(env=f"{PLUGIN}Once", warm=0) as (client, app):
+        session = (await client.post("/create")).json()["id"]
+        env = app.state.manager.sessions[session].instance
+        single_use = sys.modules["example_plugin_env"].GuessNumberEnvOnce
+        closed_before = single_use.closed
         await client.post("/close", json={"id": session})
         await asyncio.sleep(0.05)
-        assert plugin_class().closed == closed_before + 1
+        assert single_use.closed == closed_before + 1
+        session = (await client.post("/create")).json()["id"]
+        assert app.state.manager.sessions[session].instance is not env
+        status = (await client.get("/status")).json()
+        assert status["envs_reused"] == 0
+        assert status["envs_retired"] == {"not_reused": 1}
 
 
 async def test_one_sessions_calls_are_serialised_while_sessions_run_in_parallel() -> None:
@@ -76,7 +112,7 @@ async def test_one_sessions_calls_are_serialised_while_sessions_run_in_parallel(
 
 async def test_warm_plugin_envs_are_built_with_the_servers_default_env_config() -> None:
     async with asgi_server(env=PLUGIN, warm=1, env_config={"high": 4}) as (client, app):
-        (warm_env,) = app.state.manager.warm
+        ((warm_env),) = [env.instance for env in app.state.manager.warm]
         session = (await client.post("/create")).json()["id"]
         assert app.state.manager.sessions[session].instance is warm_env
         reset = (await client.post("/reset", json={"id": session, "seed": 3})).json()

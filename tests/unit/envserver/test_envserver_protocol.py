@@ -196,8 +196,9 @@ async def test_metrics_count_requests_by_endpoint_and_error_code() -> None:
 
 async def test_an_env_the_canary_borrows_counts_toward_the_warm_pool() -> None:
     """A refill while the canary holds a warm env starts only what is missing, and the
-    borrowed env goes back: no env is started (and for ScienceWorld warmed up) to be thrown away."""
-    async with asgi_server(warm=2) as (client, app):
+    borrowed env goes back: no env is started (and for ScienceWorld warmed up) to be thrown away.
+    (Reuse off, so that the session's env is closed and the refill has something to start.)"""
+    async with asgi_server(warm=2, reuse=False) as (client, app):
         manager = app.state.manager
         started = record_env_starts(manager.backend)
         async with manager.borrowed_spare() as borrowed:
@@ -212,7 +213,7 @@ async def test_an_env_the_canary_borrows_counts_toward_the_warm_pool() -> None:
             assert len(manager.warm) == 1  # 2 wanted, 1 lent
         assert len(started) == 1
         assert len(manager.warm) == 2
-        assert borrowed in manager.warm
+        assert borrowed in [env.instance for env in manager.warm]
 
 
 async def test_an_env_whose_warm_up_fails_is_closed_and_replaced() -> None:
@@ -239,4 +240,4 @@ async def test_an_env_whose_warm_up_fails_is_closed_and_replaced() -> None:
         await wait_ready(app)
         assert len(closed) == 1
         assert len(app.state.manager.warm) == 1
-        assert closed[0] not in app.state.manager.warm
+        assert closed[0] not in [env.instance for env in app.state.manager.warm]

@@ -3,7 +3,11 @@
 from typing import Any
 
 import pytest
-from gymkube_envserver.settings import ServerSettings
+from gymkube_envserver.settings import (
+    DEFAULT_RECYCLE_AFTER_EPISODES,
+    DEFAULT_RECYCLE_RSS_MIB,
+    ServerSettings,
+)
 from gymkube_operator.envpool import builders
 from gymkube_operator.envpool.models import EnvPoolSpec
 from gymkube_operator.settings import OperatorSettings
@@ -84,6 +88,19 @@ def test_env_server_command_carries_the_spec() -> None:
     assert container["image"] == "reg/envserver:1"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+
+
+def test_env_reuse_reaches_the_servers_settings() -> None:
+    # A pool's defaults are the server's own (chosen by measurement, docs/envserver.md).
+    defaults = CliApp.run(ServerSettings, cli_args=envserver()["args"])
+    assert (defaults.reuse, defaults.recycle_after_episodes, defaults.recycle_rss_mib) == (
+        True,
+        DEFAULT_RECYCLE_AFTER_EPISODES,
+        DEFAULT_RECYCLE_RSS_MIB,
+    )
+    reuse = {"enabled": False, "recycleAfterEpisodes": 50, "recycleRssMib": 0}
+    tuned = CliApp.run(ServerSettings, cli_args=envserver(envReuse=reuse)["args"])
+    assert (tuned.reuse, tuned.recycle_after_episodes, tuned.recycle_rss_mib) == (False, 50, 0)
 
 
 def test_env_config_is_the_servers_default_and_a_change_rolls_the_pods() -> None:

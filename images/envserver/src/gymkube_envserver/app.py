@@ -318,6 +318,9 @@ def create_app(settings: ServerSettings, backend: EnvBackend | None = None) -> F
             env_config=settings.env_config,
             draining=manager.draining,
             served=manager.served,
+            envs_started=manager.envs_started,
+            envs_reused=manager.envs_reused,
+            envs_retired={reason.value: count for reason, count in manager.envs_retired.items()},
             ready=manager.ready,
             canary=canary.status,
         )

@@ -11,7 +11,7 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gymkube_envserver.canary import Canary
-from gymkube_envserver.sessions import SessionManager
+from gymkube_envserver.sessions import EnvRetired, SessionManager
 
 ENDPOINTS = frozenset(
     {
@@ -45,7 +45,7 @@ class LoadCollector(Collector):
         gauges = {
             "active_sessions": ("Open sessions.", len(manager.sessions)),
             "capacity_sessions": ("Most open sessions accepted.", manager.settings.max_sessions),
-            "warm_envs": ("Started envs waiting for /create.", len(manager.warm)),
+            "warm_envs": ("Idle started envs waiting for /create.", len(manager.warm)),
             "draining": ("1 while the server takes no new sessions.", int(manager.draining)),
             "ready": ("1 when /readyz answers 200.", int(manager.ready)),
         }
@@ -54,6 +54,24 @@ class LoadCollector(Collector):
         yield CounterMetricFamily(
             "gymkube_envserver_sessions_served", "Sessions created.", value=manager.served
         )
+        yield CounterMetricFamily(
+            "gymkube_envserver_envs_started",
+            "Envs started (for ScienceWorld, JVMs).",
+            value=manager.envs_started,
+        )
+        yield CounterMetricFamily(
+            "gymkube_envserver_envs_reused",
+            "Sessions that got an env an earlier session had given back.",
+            value=manager.envs_reused,
+        )
+        retired = CounterMetricFamily(
+            "gymkube_envserver_envs_retired",
+            "Envs closed instead of going back to the pool, by reason.",
+            labels=["reason"],
+        )
+        for reason in EnvRetired:
+            retired.add_metric([reason.value], manager.envs_retired[reason])
+        yield retired
         yield CounterMetricFamily(
             "gymkube_envserver_episodes",
             "Episodes that ended (reset again or closed); canary episodes are not counted.",

@@ -1,4 +1,9 @@
-"""Sessions, the warm pool, capacity, idle reaping and draining: everything between HTTP and env."""
+"""Sessions, the env pool, capacity, idle reaping and draining: everything between HTTP and env.
+
+An env outlives its session: a clean close puts it back in the pool for the next /create (whose
+/reset loads that session's task), and only an env that failed, served its episode quota or grew
+past the memory bound is closed. The pool thus holds all idle capacity, not only ``--warm`` envs.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,10 @@ import contextlib
 import logging
 import secrets
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, TypeVar
 
 from gymkube_envserver.envs.base import (
@@ -34,13 +40,49 @@ WARM_RETRY_S = 2.0
 SHUTDOWN_CLOSE_S = 20.0
 REFILL_DEFER_S = 5.0
 REFILL_POLL_S = 0.05
+MIB = 1024 * 1024
+
+
+class EnvRetired(StrEnum):
+    """Why an env was closed instead of going back to the pool."""
+
+    FAILED = "failed"
+    """A call on it raised, timed out, or its process died."""
+    EPISODES = "episodes"
+    """It served ``--recycle-after-episodes`` episodes."""
+    MEMORY = "memory"
+    """Its process grew past ``--recycle-rss-mib``."""
+    NOT_REUSED = "not_reused"
+    """Reuse is off, the env kind declares itself not reusable, or the canary started it."""
+    DRAINING = "draining"
+    """The server is draining or shutting down."""
+
+
+RECYCLED = frozenset({EnvRetired.EPISODES, EnvRetired.MEMORY})
+"""Retirements of healthy, reusable envs: the pool starts a replacement in the background."""
+
+
+@dataclass(eq=False)
+class PooledEnv:
+    """A started env and its history; it serves one session at a time, many over its life."""
+
+    instance: EnvInstance
+    env_config: dict[str, Any]
+    """The env_config it was started with (plugins take it in their constructor)."""
+    sessions: int = 0
+    episodes: int = 0
+    """Resets played on it, by sessions and the canary."""
+    failed: str | None = None
+    """Why it must never be handed out again."""
 
 
 @dataclass(eq=False)
 class Session:
     id: str
-    instance: EnvInstance
+    env: PooledEnv
     env_config: dict[str, Any]
+    reused: bool = False
+    """Its env had served an earlier session."""
     created_at: float = field(default_factory=time.time)
     last_active_at: float = field(default_factory=time.time)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -63,6 +105,10 @@ class Session:
         self.done = outcome.done
         self.info = outcome.info
 
+    @property
+    def instance(self) -> EnvInstance:
+        return self.env.instance
+
 
 def describe_failure(exc: BaseException) -> str:
     text = str(exc).strip() or "no message"
@@ -70,14 +116,19 @@ def describe_failure(exc: BaseException) -> str:
 
 
 class SessionManager:
-    """Owns every env instance: open sessions and the warm pool of pre-started ones."""
+    """Owns every env: those open sessions hold and the pool of idle ones (``warm``)."""
 
     def __init__(self, backend: EnvBackend, settings: ServerSettings) -> None:
         self.backend = backend
         self.settings = settings
         self.sessions: dict[str, Session] = {}
-        self.warm: deque[EnvInstance] = deque()
+        self.warm: deque[PooledEnv] = deque()
+        """Idle started envs, oldest first: pre-started ones and those sessions gave back."""
         self.served = 0
+        self.envs_started = 0
+        self.envs_reused = 0
+        """Sessions that got an env an earlier session had given back."""
+        self.envs_retired: Counter[EnvRetired] = Counter()
         # Episodes that ended (the session was reset again or closed) and the sum of their last
         # scores, in the env's scale: what a trainer's rewards can be checked against.
         self.episodes_played = 0
@@ -90,6 +141,7 @@ class SessionManager:
         self._lent = 0  # warm envs the canary has borrowed (they come back)
         self._refill = asyncio.Event()
         self._resets_in_flight = 0
+        self._replacements = 0  # recycled envs the pool still has to replace
         self._tasks: list[asyncio.Task[None]] = []
         self._closing: set[asyncio.Task[None]] = set()
 
@@ -108,10 +160,11 @@ class SessionManager:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        self.draining = True  # envs of the sessions closed now are not put back
         for session_id in list(self.sessions):
             self._begin_close(session_id, "server shut down")
         while self.warm:
-            self._spawn_close(self.warm.popleft())
+            self._retire(self.warm.popleft(), EnvRetired.DRAINING)
         if self._closing:
             # A hung env call holds its session's lock; do not let it hold up the shutdown.
             await asyncio.wait(set(self._closing), timeout=SHUTDOWN_CLOSE_S)
@@ -163,10 +216,14 @@ class SessionManager:
             raise ApiError(ErrorCode.BAD_REQUEST, str(exc)) from None
         self._creating += 1
         try:
-            instance = await self._take_instance(env_config)
+            env = self._take_idle(env_config) or await self._start_for_session(env_config)
         finally:
             self._creating -= 1
-        session = Session(id=secrets.token_hex(8), instance=instance, env_config=env_config)
+        session = Session(
+            id=secrets.token_hex(8), env=env, env_config=env_config, reused=env.sessions > 0
+        )
+        env.sessions += 1
+        self.envs_reused += session.reused
         self.sessions[session.id] = session
         self.served += 1
         return session
@@ -199,6 +256,7 @@ class SessionManager:
                 outcome = await self._call(session, session.instance.reset(merged))
             finally:
                 self._resets_in_flight -= 1
+            session.env.episodes += 1
             self._count_episode(session)
             session.record(outcome)
             session.started = True
@@ -230,7 +288,9 @@ class SessionManager:
         return outcome
 
     def close(self, session_id: str) -> bool:
-        """Close a session; True when it was open. Idempotent: unknown ids are not an error."""
+        """Close a session; True when it was open. Idempotent: unknown ids are not an error.
+
+        Its env goes back to the pool unless it failed or is due for recycling."""
         if session_id not in self.sessions:
             return False
         self._begin_close(session_id, "closed")
@@ -250,6 +310,7 @@ class SessionManager:
             async with asyncio.timeout(timeout):
                 return await call
         except TimeoutError:
+            session.env.failed = f"no answer within {timeout:g} s"
             self._begin_close(session.id, f"lost: its env did not answer within {timeout:g} s")
             raise ApiError(
                 ErrorCode.SESSION_LOST,
@@ -258,12 +319,16 @@ class SessionManager:
         except EnvInputError as exc:
             raise ApiError(ErrorCode.BAD_REQUEST, str(exc)) from None
         except EnvLostError as exc:
+            session.env.failed = f"died: {exc}"
             self._begin_close(session.id, "lost: its env died")
             raise ApiError(
                 ErrorCode.SESSION_LOST, f"session {session.id!r} lost its env: {exc}"
             ) from None
         except Exception as exc:
             log.exception("env call failed for session %s", session.id)
+            # The session stays usable, but whatever the failure left behind must not reach
+            # another session: this env is closed when the session ends.
+            session.env.failed = describe_failure(exc)
             raise ApiError(ErrorCode.ENV_FAILURE, describe_failure(exc)) from None
 
     def _count_episode(self, session: Session) -> None:
@@ -277,33 +342,78 @@ class SessionManager:
         self._closed[session_id] = reason
         while len(self._closed) > CLOSED_IDS_KEPT:
             self._closed.popitem(last=False)
-        if session is not None:
-            self._count_episode(session)
-            # Wait for any call in flight on this session, then free its env in the background.
-            self._spawn_close(session.instance, session.lock)
+        if session is None:
+            return
+        self._count_episode(session)
+        if not session.lock.locked():
+            self._give_back(session.env)
+            return
 
-    def _spawn_close(self, instance: EnvInstance, lock: asyncio.Lock | None = None) -> None:
-        async def close() -> None:
-            if lock is None:
-                await instance.close()
-                return
-            async with lock:
-                await instance.close()
+        # A call is in flight on this session: its env is settled once that call is over.
+        async def after_call() -> None:
+            async with session.lock:
+                self._give_back(session.env)
 
-        task = asyncio.create_task(close(), name="close-env")
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
+        self._track(asyncio.create_task(after_call(), name="give-back-env"))
+
+    def _give_back(self, env: PooledEnv, from_session: bool = True) -> None:
+        """An env no session or canary uses any more: back to the pool, or closed and why."""
+        reason = self._retire_reason(env, from_session)
+        if reason is None:
+            self.warm.append(env)
+            return
+        if reason in RECYCLED:
+            self._replacements += 1
+        self._retire(env, reason)
+
+    def _retire_reason(self, env: PooledEnv, from_session: bool) -> EnvRetired | None:
+        if env.failed is not None:
+            return EnvRetired.FAILED
+        if self.draining:
+            return EnvRetired.DRAINING
+        # --reuse is about sessions: the canary's idle env goes back either way, as it always did.
+        if not self.backend.reusable or (from_session and not self.settings.reuse):
+            return EnvRetired.NOT_REUSED
+        quota = self.settings.recycle_after_episodes
+        if quota and env.episodes >= quota:
+            return EnvRetired.EPISODES
+        bound = self.settings.recycle_rss_mib
+        rss = env.instance.rss_bytes() if bound else None
+        if rss is not None and rss > bound * MIB:
+            return EnvRetired.MEMORY
+        return None
+
+    def _retire(self, env: PooledEnv, reason: EnvRetired) -> None:
+        """Close the env in the background and let the pool refill."""
+        self.envs_retired[reason] += 1
+        log.debug("closing an env (%s) after %d episodes", reason.value, env.episodes)
+        self._track(asyncio.create_task(env.instance.close(), name="close-env"))
         self._refill.set()
 
-    async def _take_instance(self, env_config: dict[str, Any]) -> EnvInstance:
-        # Warm envs were started with the server's default env_config.
-        keeps_default = env_config == self.settings.env_config
-        if self.warm and (self.backend.config_at_reset or keeps_default):
-            instance = self.warm.popleft()
-            self._refill.set()
-            return instance
+    def _track(self, task: asyncio.Task[None]) -> None:
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    def _take_idle(self, env_config: dict[str, Any]) -> PooledEnv | None:
+        """The oldest idle env that can serve a session with ``env_config``, out of the pool."""
+        for env in self.warm:
+            # Plugins take env_config in their constructor; every built-in env at reset.
+            if self.backend.config_at_reset or env.env_config == env_config:
+                self.warm.remove(env)
+                self._refill.set()
+                return env
+        return None
+
+    async def _start_env(self, env_config: dict[str, Any]) -> PooledEnv:
+        instance = await self.backend.start(env_config)
+        self.envs_started += 1
+        return PooledEnv(instance=instance, env_config=env_config)
+
+    async def _start_for_session(self, env_config: dict[str, Any]) -> PooledEnv:
+        # This env also stands in for one the pool owed in place of a recycled env.
+        self._replacements = max(0, self._replacements - 1)
         try:
-            return await self.backend.start(env_config)
+            return await self._start_env(env_config)
         except EnvInputError as exc:
             raise ApiError(ErrorCode.BAD_REQUEST, str(exc)) from None
         except Exception as exc:
@@ -314,27 +424,29 @@ class SessionManager:
     async def borrowed_spare(self) -> AsyncIterator[EnvInstance]:
         """A started env outside any session, for the canary.
 
-        A warm env used without error goes back to the warm pool (a canary then costs no env
+        An idle env used without error goes back to the pool (a canary then costs no env
         start, which for ScienceWorld is a JVM and its warm-up); any other is closed.
         """
-        from_pool = bool(self.warm)
-        if from_pool:
-            instance = self.warm.popleft()
-            self._lent += 1
+        env = self._take_idle(self.settings.env_config)
+        from_pool = env is not None
+        if env is None:
+            env = await self._start_env(self.settings.env_config)
         else:
-            instance = await self.backend.start(self.settings.env_config)
+            self._lent += 1
         try:
-            yield instance
+            yield env.instance
         except BaseException:
-            self._spawn_close(instance)
+            env.failed = "the canary failed on it"
             raise
         finally:
+            env.episodes += 1
             if from_pool:
                 self._lent -= 1
-        if from_pool and not self.draining and len(self.warm) < self.settings.warm:
-            self.warm.append(instance)
-        else:
-            self._spawn_close(instance)
+                self._give_back(env, from_session=False)
+            else:
+                # Started for the canary alone: not idle capacity the pool should keep.
+                failed = env.failed is not None
+                self._retire(env, EnvRetired.FAILED if failed else EnvRetired.NOT_REUSED)
 
     async def _prepare_and_fill(self) -> None:
         while not self.prepared:
@@ -349,25 +461,31 @@ class SessionManager:
                 await self._yield_to_resets()
                 if not self._warm_pool_short():
                     break  # a canary gave its env back meanwhile
-                instance: EnvInstance | None = None
+                env: PooledEnv | None = None
                 try:
-                    instance = await self.backend.start(self.settings.env_config)
-                    await instance.warm_up()
+                    env = await self._start_env(self.settings.env_config)
+                    await env.instance.warm_up()
                 except Exception:
                     log.exception("starting a warm env failed; retrying")
-                    if instance is not None:
-                        self._spawn_close(instance)
+                    if env is not None:
+                        env.failed = "its warm-up failed"
+                        self._retire(env, EnvRetired.FAILED)
                     await asyncio.sleep(WARM_RETRY_S)
                     continue
-                self.warm.append(instance)
+                if len(self.warm) + self._lent >= self.settings.warm:
+                    self._replacements = max(0, self._replacements - 1)
+                self.warm.append(env)
             if len(self.warm) + self._lent >= self.settings.warm:
                 self.warmed_event.set()
             self._refill.clear()
             await self._refill.wait()
 
     def _warm_pool_short(self) -> bool:
-        """Fewer warm envs than wanted, counting one the canary has borrowed."""
-        return not self.draining and len(self.warm) + self._lent < self.settings.warm
+        """Fewer idle envs than ``--warm`` (counting one the canary has borrowed), or recycled
+        envs not yet replaced."""
+        if self.draining:
+            return False
+        return len(self.warm) + self._lent < self.settings.warm or self._replacements > 0
 
     async def _yield_to_resets(self) -> None:
         """Let new sessions reset before starting an env (waits up to REFILL_DEFER_S).

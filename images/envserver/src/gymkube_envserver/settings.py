@@ -13,6 +13,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 # a ScienceWorld JVM a third of the default's size; full tiered JIT, warmed by the warm-up resets,
 # then resets and steps 2-3x faster than C1 alone.
 DEFAULT_JVM_OPTIONS = "-Xmx512m -XX:+UseSerialGC -Xss4m -Xshare:auto"
+# Chosen by measurement (docs/envserver.md, "Env reuse and recycling"): a reused ScienceWorld JVM
+# levels off near 480 MiB within 25 episodes and stays there for 1,000; a new JVM and its warm-up
+# cost about 4 s of CPU, under 1% of 1,000 episodes.
+DEFAULT_RECYCLE_AFTER_EPISODES = 1000
+DEFAULT_RECYCLE_RSS_MIB = 1024
 
 
 class ServerSettings(BaseSettings):
@@ -52,6 +57,25 @@ class ServerSettings(BaseSettings):
         default=24,
         ge=0,
         description="Resets a new warm-pool env runs before it is handed out (ScienceWorld JIT).",
+    )
+    reuse: bool = Field(
+        default=True,
+        description=(
+            "A cleanly closed session's env goes back to the pool for the next /create "
+            "(false: it is closed, and every session beyond the warm pool starts an env)."
+        ),
+    )
+    recycle_after_episodes: int = Field(
+        default=DEFAULT_RECYCLE_AFTER_EPISODES,
+        ge=0,
+        description="Close an env, when its session ends, once it has played this many episodes "
+        "(0: never).",
+    )
+    recycle_rss_mib: int = Field(
+        default=DEFAULT_RECYCLE_RSS_MIB,
+        ge=0,
+        description="Close an env, when its session ends, if its own process (ScienceWorld's JVM) "
+        "holds more than this many MiB resident (0: never).",
     )
     idle_timeout: float = Field(
         default=600.0, ge=0, description="Close sessions idle this many seconds (0: never)."

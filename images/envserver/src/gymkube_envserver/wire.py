@@ -214,13 +214,27 @@ class StatusResponse(BaseModel):
     env: str
     active: int = Field(description="Open sessions.")
     capacity: int = Field(description="Most open sessions this server accepts.")
-    warm: int = Field(description="Started envs waiting for a /create.")
+    warm: int = Field(
+        description="Idle started envs waiting for a /create: pre-started ones and those that "
+        "sessions gave back."
+    )
     warm_target: int
     env_config: dict[str, Any] = Field(
         default_factory=dict, description="The default env_config of every session (--env-config)."
     )
     draining: bool
     served: int = Field(description="Sessions created since the server started.")
+    envs_started: int = Field(
+        default=0, description="Envs started since the server started (for ScienceWorld, JVMs)."
+    )
+    envs_reused: int = Field(
+        default=0, description="Sessions that got an env an earlier session had given back."
+    )
+    envs_retired: dict[str, int] = Field(
+        default_factory=dict,
+        description="Envs closed instead of going back to the pool, by reason: failed, episodes, "
+        "memory, not_reused, draining.",
+    )
     ready: bool
     canary: CanaryStatus
 

@@ -94,6 +94,33 @@ class WatchdogSpec(CamelModel):
     )
 
 
+class EnvReuseSpec(CamelModel):
+    """How each server reuses envs across sessions, and when it replaces one."""
+
+    enabled: bool = Field(
+        True,
+        description=(
+            "A cleanly closed session's env goes back to its server's pool and serves a later "
+            "session (for ScienceWorld: no JVM start, no warm-up); false closes it."
+        ),
+    )
+    recycle_after_episodes: int = Field(
+        1000,
+        ge=0,
+        le=100_000_000,
+        description="Replace an env once it has played this many episodes; 0 never.",
+    )
+    recycle_rss_mib: int = Field(
+        1024,
+        ge=0,
+        le=1_048_576,
+        description=(
+            "Replace an env whose own process (ScienceWorld's JVM) holds more than this many MiB "
+            "resident when its session ends; 0 never."
+        ),
+    )
+
+
 class EnvPoolSpec(CamelModel):
     """What a user asks for: which env, how many servers, how big, and how to keep them healthy."""
 
@@ -154,6 +181,10 @@ class EnvPoolSpec(CamelModel):
     )
     idle_timeout_seconds: int = Field(
         600, ge=1, le=604800, description="A session idle this long is closed by its server."
+    )
+    env_reuse: EnvReuseSpec = Field(
+        default_factory=EnvReuseSpec,
+        description="Env reuse across sessions and recycling of envs by episodes or memory.",
     )
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements, description="Env-server container resources."

@@ -71,6 +71,12 @@ class EnvInstance(ABC):
         """Run before the instance joins the warm pool, so the first real reset is fast."""
         return None
 
+    def rss_bytes(self) -> int | None:
+        """Resident memory of the instance's own process (ScienceWorld's JVM); None for envs
+        that run inside the server process. Read when its session ends, to recycle a bloated
+        one; must be cheap and must not raise."""
+        return None
+
     @abstractmethod
     async def close(self) -> None:
         """Free everything the instance holds. Must not raise."""
@@ -86,6 +92,9 @@ class EnvBackend(ABC):
     """True when env_config takes effect at reset, so a pre-started (warm) instance can serve any
     /create; False when it is a constructor argument (plugins), so only creates that keep the
     server's default env_config (the one warm instances start with) may take a warm one."""
+    reusable: bool = True
+    """True when a reset leaves nothing of the instance's earlier episodes, so an instance a
+    session gave back may serve the next session; False closes it with its session."""
 
     def check_config(self, env_config: dict[str, Any]) -> None:
         """Raise EnvInputError when env_config is not valid for this env (checked at /create)."""

@@ -127,17 +127,16 @@ def parse_move(reply: str, moves: MoveStyle) -> tuple[str | None, str]:
 
 class FrozenLakeInstance(EnvInstance):
     def __init__(self, env_config: dict[str, Any]) -> None:
-        # What every episode starts from; a reset's env_config changes only its own episode.
-        self._start_config = parse_config(env_config)
-        self._config = self._start_config
+        # A reset's env_config (the session's, with the reset's keys over it) is the whole
+        # config of its episode: an instance a session gave back keeps nothing of it.
+        self._config = parse_config(env_config)
         self._grid: list[list[str]] = []
         self._pos = (0, 0)
         self._steps = 0
         self._done = True
 
     async def reset(self, params: ResetParams) -> ResetOutcome:
-        base = self._start_config.model_dump(exclude_none=True)
-        config = parse_config({**base, **params.env_config})
+        config = parse_config(params.env_config)
         seed = config.seed if config.seed is not None else episode_seed(params)
         self._config = config
         self._grid = generate_map(config.size, config.p, seed)

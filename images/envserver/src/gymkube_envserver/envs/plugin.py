@@ -131,6 +131,8 @@ class PluginBackend(EnvBackend):
         # Plugins say what their scores mean with optional class attributes.
         scale = getattr(self.plugin_class, "score_scale", (0.0, 1.0))
         self.canary_action = str(getattr(self.plugin_class, "canary_action", ""))
+        # A plugin whose reset does not start from a clean slate says so with reusable = False.
+        self.reusable = bool(getattr(self.plugin_class, "reusable", True))
         self._tasks = seeded_tasks(
             self.name, class_name, ScoreScale(min=float(scale[0]), max=float(scale[1]))
         )

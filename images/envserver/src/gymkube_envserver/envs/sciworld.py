@@ -50,6 +50,12 @@ SPLITS = ("train", "dev", "test")
 INFO_KEYS = ("moves", "score", "reward", "variationIdx", "taskName", "simplificationStr")
 """ScienceWorld step info passed on; look/inventory/valid-action lists stay out (large)."""
 JVM_EXIT_WAIT_S = 5.0
+CONSTANT_IDENTITY_HASH = "-XX:+UnlockExperimentalVMOptions -XX:hashCode=2"
+"""Every JVM runs with this. ScienceWorld lists objects in hash-set order, and by default an
+object's identity hash depends on everything the JVM did before, so the same task variation
+would read differently in a JVM that has played other tasks (measured: 'melt' lists its paint
+cups in another order). With a constant identity hash, a task loads alike in a new and a
+reused JVM, and steps are no slower."""
 
 
 class SciWorldConfig(BaseModel):
@@ -113,6 +119,29 @@ def warm_up_plan(
         (task_names[load % count], load // count % variations[load % count])
         for load in range(loads)
     ]
+
+
+def jvm_tool_options(configured: str, inherited: str | None) -> str:
+    """JAVA_TOOL_OPTIONS for ScienceWorld JVMs: an inherited value, else ``--jvm-options``, with
+    CONSTANT_IDENTITY_HASH added unless the options set the identity hash themselves."""
+    options = configured if inherited is None else inherited
+    if "-XX:hashCode=" in options:
+        return options
+    return f"{options} {CONSTANT_IDENTITY_HASH}".strip()
+
+
+def jvm_rss_bytes(env: ScienceWorldEnv) -> int | None:
+    process: subprocess.Popen[bytes] | None = getattr(env._gateway, "java_process", None)
+    if process is None:
+        return None
+    try:
+        status = Path(f"/proc/{process.pid}/status").read_text()
+    except OSError:  # the JVM has exited
+        return None
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return None
 
 
 def task_table_cache(cache_dir: Path) -> Path:
@@ -220,6 +249,9 @@ class SciWorldInstance(EnvInstance):
             info={key: info[key] for key in INFO_KEYS},
         )
 
+    def rss_bytes(self) -> int | None:
+        return jvm_rss_bytes(self._env)
+
     async def close(self) -> None:
         try:
             await self._backend.run_blocking(close_env, self._env)
@@ -233,8 +265,9 @@ class SciWorldBackend(EnvBackend):
 
     def __init__(self, settings: ServerSettings) -> None:
         # ScienceWorld starts its JVM without options; JAVA_TOOL_OPTIONS is how flags reach it.
-        if settings.jvm_options and "JAVA_TOOL_OPTIONS" not in os.environ:
-            os.environ["JAVA_TOOL_OPTIONS"] = settings.jvm_options
+        os.environ["JAVA_TOOL_OPTIONS"] = jvm_tool_options(
+            settings.jvm_options, os.environ.get("JAVA_TOOL_OPTIONS")
+        )
         self._cache_dir = settings.cache_path
         self.warm_up_resets = settings.warm_up_resets
         self._executor = ThreadPoolExecutor(settings.thread_count, thread_name_prefix="sciworld")
