@@ -44,25 +44,29 @@ class Tunnel:
         ending = asyncio.create_task(self._ending.wait())
         try:
             await asyncio.wait([*pumps, ending], return_when=asyncio.FIRST_COMPLETED)
+            if self.closed_with is None:
+                # The client left: end the env server's session with it.
+                self.closed_with = CloseCode.NORMAL
+            else:
+                # Closed while the client's pump still reads: aiohttp's close() hands that
+                # read the close handshake (a cancelled read would leave the socket unclosed).
+                with contextlib.suppress(Exception):
+                    await self._close_client()
         finally:
             for task in (*pumps, ending):
                 task.cancel()
             await asyncio.gather(*pumps, ending, return_exceptions=True)
-        if self.closed_with is None:
-            # The client left: end the env server's session with it.
-            self.closed_with = CloseCode.NORMAL
-        else:
             with contextlib.suppress(Exception):
-                if self.closed_with == CloseCode.SESSION_LOST:
-                    # A client waiting for a reply reads this as OpenEnv's server error.
-                    await self.client.send_str(
-                        error_frame(OpenEnvErrorCode.SESSION_ERROR, self._reason)
-                    )
-                await self.client.close(
-                    code=int(self.closed_with), message=close_reason(self._reason).encode()
-                )
-        with contextlib.suppress(Exception):
-            await self.upstream.close()
+                await self.upstream.close()
+
+    async def _close_client(self) -> None:
+        if self.closed_with == CloseCode.SESSION_LOST:
+            # A client waiting for a reply reads this as OpenEnv's server error.
+            await self.client.send_str(error_frame(OpenEnvErrorCode.SESSION_ERROR, self._reason))
+        await self.client.close(
+            code=int(self.closed_with or CloseCode.NORMAL),
+            message=close_reason(self._reason).encode(),
+        )
 
     def end(self, code: CloseCode, reason: str) -> None:
         """Close the client's socket with ``code`` (from outside the tunnel's own tasks)."""
