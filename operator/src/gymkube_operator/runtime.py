@@ -1,14 +1,69 @@
-"""Process-wide state shared by the handlers: settings, the API client, the probe session."""
+"""Process-wide state shared by the handlers (settings, the API client, the probe session), and
+the one loop both kinds reconcile in: a daemon per object, woken by watch events."""
 
 import asyncio
+import contextlib
 import dataclasses
+import logging
+import math
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 import kopf
 
 from gymkube_operator.envpool.prober import AddressResolver, pod_address
-from gymkube_operator.kube import KubeClient
+from gymkube_operator.kube import KubeClient, KubeError
 from gymkube_operator.settings import OperatorSettings
+
+logger = logging.getLogger(__name__)
+
+RETRY_SECONDS = 5.0
+"""After a failed pass (API server unreachable, a write refused, a bug) the next comes this soon."""
+UNTIL_WOKEN = math.inf
+"""A pass's answer when only a watch event should bring the next one."""
+Pass = Callable[[], Awaitable[float | None]]
+"""One level-based reconcile of one object: seconds until the next pass (UNTIL_WOKEN: none until
+woken), or None when the object needs no more passes (gone, or deleted by its TTL)."""
+
+
+async def reconcile_until_stopped(
+    what: str,
+    reconcile_once: Pass,
+    wake: asyncio.Event,
+    stopped: kopf.DaemonStopped,
+    debounce_seconds: float = 0.0,
+) -> None:
+    """Run passes one at a time until the daemon is stopped: the next after the delay the last one
+    asked for, or at once when woken (after debounce_seconds, so a burst of events is one pass).
+    A failed pass is logged and retried; it never stops the object's reconciles."""
+    stopping = asyncio.create_task(_set_when_stopped(stopped, wake))
+    try:
+        while not stopped:
+            wake.clear()
+            try:
+                delay = await reconcile_once()
+            except (KubeError, aiohttp.ClientError, TimeoutError) as error:
+                logger.warning("%s: %s; retrying", what, error)
+                delay = RETRY_SECONDS
+            except Exception:
+                logger.exception("%s: reconcile failed; retrying", what)
+                delay = RETRY_SECONDS
+            if delay is None:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    wake.wait(), timeout=None if delay == UNTIL_WOKEN else max(delay, 0.1)
+                )
+                if debounce_seconds and not stopped:
+                    await asyncio.sleep(debounce_seconds)
+    finally:
+        stopping.cancel()
+
+
+async def _set_when_stopped(stopped: kopf.DaemonStopped, wake: asyncio.Event) -> None:
+    # Stopping (object deleted, operator exiting) ends the wait at once, not after a whole delay.
+    await stopped.wait()
+    wake.set()
 
 
 def namespaced(namespace: str | None) -> str:

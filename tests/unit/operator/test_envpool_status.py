@@ -126,20 +126,10 @@ def test_pods_that_do_not_come_up_mark_the_pool_degraded_with_their_cause() -> N
     assert condition(spent, "Degraded") == (ConditionStatus.TRUE, "ServerCrashLoop")
 
 
-def test_a_reconcile_keeps_what_the_watchdog_last_saw_of_the_pods() -> None:
+def test_a_refused_apply_is_judged_again_by_the_next_pass() -> None:
     sts, router = workload("StatefulSet", 2, 0), workload("Deployment", 1, 1)
-    crashing = PodTrouble("pool-0", Degraded.SERVER_CRASH_LOOP, "exited with code 2")
-    watched = status(Observed(sts, router, pods=[], troubles=[crashing]), now="T1")
-    # A spec change reconciles without looking at pods: no flip to Healthy and back.
-    reconciled = status(Observed(sts, router), previous=watched, now="T2")
-    assert find_condition(reconciled.conditions, "Degraded") == find_condition(
-        watched.conditions, "Degraded"
-    )
-    # The watchdog's next look decides again.
-    healed = status(Observed(sts, router, pods=[]), previous=reconciled, now="T3")
-    assert condition(healed, "Degraded") == (ConditionStatus.FALSE, "Healthy")
-    # A refused apply is re-judged by the next apply.
     refused = status(Observed(None, None, apply_error="422: bad"), now="T1")
+    assert condition(refused, "Degraded") == (ConditionStatus.TRUE, "ApplyFailed")
     applied = status(Observed(sts, router), previous=refused, now="T2")
     assert condition(applied, "Degraded") == (ConditionStatus.FALSE, "Healthy")
 

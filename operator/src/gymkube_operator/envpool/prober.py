@@ -2,6 +2,7 @@
 
 import asyncio
 import calendar
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -131,3 +132,12 @@ async def observe(
         )
 
     return list(await asyncio.gather(*(one(pod) for pod in pods)))
+
+
+async def drain(session: aiohttp.ClientSession, address: str, policy: WatchdogSpec) -> None:
+    """POST /admin/drain: the server takes no new sessions and finishes its live ones. One that
+    does not answer is asked again at the next pass (the plan keeps naming it)."""
+    with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+        timeout = aiohttp.ClientTimeout(total=policy.probe_timeout_seconds)
+        async with session.post(f"{address}/admin/drain", timeout=timeout):
+            pass

@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from gymkube_operator.conditions import Condition, ConditionStatus, find_condition, set_condition
+from gymkube_operator.conditions import Condition, ConditionStatus, set_condition
 from gymkube_operator.envpool.builders import pool_url, selector_string
 from gymkube_operator.envpool.models import EnvPoolSpec, EnvPoolStatus, RestartsStatus
 from gymkube_operator.envpool.pods import PodTrouble, degradation
@@ -21,7 +21,7 @@ class Observed:
 
     statefulset: Object | None
     router: Object | None
-    pods: list[PodObservation] | None = None  # None when the watchdog did not probe this time
+    pods: list[PodObservation] = dataclasses.field(default_factory=list)
     # Why pods are not coming up (envpool.pods), from the same look at them.
     troubles: list[PodTrouble] = dataclasses.field(default_factory=list)
     budget_exhausted: bool = False
@@ -85,12 +85,9 @@ def _progressing(
     return ConditionStatus.FALSE, "Complete", "the pool matches its spec"
 
 
-def _degraded(observed: Observed, previous: Condition | None) -> tuple[ConditionStatus, str, str]:
+def _degraded(observed: Observed) -> tuple[ConditionStatus, str, str]:
     if observed.apply_error:
         return ConditionStatus.TRUE, Degraded.APPLY_FAILED, observed.apply_error
-    if observed.pods is None and previous is not None and previous.reason != Degraded.APPLY_FAILED:
-        # Only the watchdog looks at the pods: until its next period, what it last saw stands.
-        return previous.status, previous.reason, previous.message
     if (found := degradation(observed.troubles)) is not None:
         return ConditionStatus.TRUE, *found
     if observed.budget_exhausted:
@@ -99,7 +96,7 @@ def _degraded(observed: Observed, previous: Condition | None) -> tuple[Condition
             Degraded.RESTART_BUDGET_EXHAUSTED,
             "the watchdog restarted too many pods recently and is backing off",
         )
-    failing = [p.name for p in observed.pods or [] if p.probe and p.probe.failure]
+    failing = [p.name for p in observed.pods if p.probe and p.probe.failure]
     if failing:
         message = f"failing probes: {', '.join(failing)}"
         return ConditionStatus.TRUE, Degraded.PROBES_FAILING, message
@@ -120,15 +117,12 @@ def compute_status(
     replicas, ready, _, _ = _workload(observed.statefulset)
     _, router_ready, _, _ = _workload(observed.router)
     wanted = 0 if spec.suspend else spec.replicas
-    if observed.pods is None:
-        active = previous.active_sessions
-    else:
-        active = sum(p.probe.active for p in observed.pods if p.probe and not p.probe.failure)
+    active = sum(p.probe.active for p in observed.pods if p.probe and not p.probe.failure)
     conditions: list[Condition] = list(previous.conditions)
     for kind, (status, reason, message) in (
         (READY, _ready(spec, ready, router_ready, observed)),
         (PROGRESSING, _progressing(spec, observed, wanted)),
-        (DEGRADED, _degraded(observed, find_condition(previous.conditions, DEGRADED))),
+        (DEGRADED, _degraded(observed)),
     ):
         conditions = set_condition(
             conditions,

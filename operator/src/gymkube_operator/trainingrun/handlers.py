@@ -5,7 +5,6 @@ events on its pool, its Jobs and its RayJob only wake that daemon.
 """
 
 import asyncio
-import contextlib
 import datetime
 import logging
 from typing import Any, cast
@@ -17,15 +16,14 @@ from gymkube_operator.kinds import API_VERSION, GROUP, VERSION
 from gymkube_operator.kube import KubeError
 from gymkube_operator.labels import RUN_LABEL
 from gymkube_operator.objects import Object
-from gymkube_operator.runtime import Runtime, namespaced
+from gymkube_operator.runtime import UNTIL_WOKEN, Runtime, namespaced, reconcile_until_stopped
+from gymkube_operator.settings import OperatorSettings
 from gymkube_operator.trainingrun import command, lifecycle, overrides, render
 from gymkube_operator.trainingrun.models import KIND, PLURAL, TrainingRunSpec, TrainingRunStatus
 
 logger = logging.getLogger(__name__)
 
 RunKey = tuple[str, str]
-# After a failed API call the daemon tries again this much later.
-RETRY_SECONDS = 5.0
 # How much of the trainer's log a reconcile reads for its last progress line: many steps' output.
 LOG_TAIL_LINES = 2000
 
@@ -172,6 +170,21 @@ async def reconcile(rt: Runtime, namespace: str, name: str) -> lifecycle.Plan | 
     return plan
 
 
+def next_pass(settings: OperatorSettings, plan: lifecycle.Plan | None) -> float | None:
+    """When the run's next reconcile is due, after a pass that planned this."""
+    if plan is None or plan.delete_run:
+        return None
+    if plan.wake_after is not None:
+        return min(settings.trainingrun_resync_seconds, plan.wake_after)
+    if lifecycle.is_finished(plan.status):
+        # A finished run without a TTL is a record: only an edit (a TTL added later) wakes it.
+        return UNTIL_WOKEN
+    if lifecycle.reads_progress(plan.status):
+        # No watch event tells of a new step: the trainer's log is read this often.
+        return min(settings.trainingrun_resync_seconds, settings.trainingrun_progress_seconds)
+    return settings.trainingrun_resync_seconds
+
+
 def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     """Register the TrainingRun handlers on a registry (tests build their own)."""
     wakes: dict[RunKey, asyncio.Event] = {}
@@ -204,39 +217,15 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     ) -> None:
         key = (namespaced(namespace), name)
         event = wakes.setdefault(key, asyncio.Event())
+
+        async def reconcile_once() -> float | None:
+            pools[key] = spec.get("envPoolRef", {}).get("name", "")
+            return next_pass(rt.settings, await reconcile(rt, key[0], name))
+
         try:
-            while not stopped:
-                event.clear()
-                pools[key] = spec.get("envPoolRef", {}).get("name", "")
-                delay: float | None = rt.settings.trainingrun_resync_seconds
-                try:
-                    plan = await reconcile(rt, key[0], name)
-                except (KubeError, aiohttp.ClientError, TimeoutError) as error:
-                    logger.warning("TrainingRun %s/%s: %s; retrying", key[0], name, error)
-                    delay = RETRY_SECONDS
-                except Exception:
-                    # A bug must not stop the run's reconciles for kopf's minute of backoff.
-                    logger.exception("TrainingRun %s/%s: reconcile failed; retrying", key[0], name)
-                    delay = RETRY_SECONDS
-                else:
-                    if plan is None or plan.delete_run:
-                        return
-                    if plan.wake_after is not None:
-                        delay = min(rt.settings.trainingrun_resync_seconds, plan.wake_after)
-                    elif lifecycle.is_finished(plan.status):
-                        # A finished run without a TTL is a record: only an edit (say, a TTL
-                        # added later) wakes it.
-                        delay = None
-                    elif lifecycle.reads_progress(plan.status):
-                        # No watch event tells of a new step: the trainer's log is read this often.
-                        delay = min(
-                            rt.settings.trainingrun_resync_seconds,
-                            rt.settings.trainingrun_progress_seconds,
-                        )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(
-                        event.wait(), timeout=None if delay is None else max(delay, 0.1)
-                    )
+            await reconcile_until_stopped(
+                f"TrainingRun {key[0]}/{name}", reconcile_once, event, stopped
+            )
         finally:
             wakes.pop(key, None)
             pools.pop(key, None)
