@@ -27,9 +27,11 @@ else
 		--kubeconfig "$KIND_KUBECONFIG" --wait 180s ||
 		die "kind could not create the cluster from $image (\`docker logs $KIND_NAME-control-plane\` shows the node's boot)"
 fi
-for image in "$@"; do
-	log "loading $image"
-	"$kind" load docker-image "$image" --name "$KIND_NAME" >/dev/null
-done
+if (($#)); then
+	# One call: kind skips images the node already has and saves the rest as one archive, so
+	# layers the images share are copied once.
+	log "loading $*"
+	"$kind" load docker-image "$@" --name "$KIND_NAME" >/dev/null
+fi
 log "export KUBECONFIG=$KIND_KUBECONFIG"
 echo "$KIND_KUBECONFIG"
