@@ -55,7 +55,7 @@ from gymkube_agentloop.train import PROGRESS_PREFIX  # noqa: E402
 from gymkube_envserver.app import create_app  # noqa: E402
 from gymkube_envserver.settings import ServerSettings  # noqa: E402
 from gymkube_operator.trainingrun import command, device  # noqa: E402
-from gymkube_operator.trainingrun.command import RunTarget  # noqa: E402
+from gymkube_operator.trainingrun.command import Run, RunTarget  # noqa: E402
 from gymkube_operator.trainingrun.models import TrainingRunSpec  # noqa: E402
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap  # noqa: E402
 from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
@@ -136,10 +136,11 @@ def example_spec(steps: int) -> TrainingRunSpec:
 def rendered_run(spec: TrainingRunSpec, pool_url: str, scratch: Path) -> list[str]:
     """The trainer command the operator renders, its in-pod paths moved under SCRATCH, with the
     agent-loop YAML, the parquet files and the model laid out as the pod has them."""
-    target = RunTarget(
-        name="bench", namespace="bench", uid="0", spec=spec, pool_url=pool_url,
-        env="frozen_lake", trainer_image="", preflight_image="", image_pull_policy="Never",
+    run = Run(
+        name="bench", namespace="bench", uid="0", trainer_image="", cpu_trainer_image="",
+        preflight_image="", image_pull_policy="Never",
     )  # fmt: skip
+    target = RunTarget(run=run, spec=spec, pool_url=pool_url, env="frozen_lake")
     moves = {
         command.DATA_DIR: scratch / "data",
         command.CONFIG_DIR: scratch / "config",

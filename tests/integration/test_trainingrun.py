@@ -22,7 +22,7 @@ import yaml
 from controlplane import ControlPlane
 from gymkube_operator.crds.catalog import package_file
 from gymkube_operator.trainingrun import render
-from gymkube_operator.trainingrun.command import RunTarget
+from gymkube_operator.trainingrun.command import Run, RunTarget
 from gymkube_operator.trainingrun.models import TrainingRunSpec
 from gymkube_operator.trainingrun.resource import TRAININGRUN
 from operator_support import (
@@ -398,15 +398,18 @@ def test_the_examples_children_are_valid_kubernetes_objects(
         template = {"system": "s", "instructions": "i", "acknowledgement": "a"}
         doc["spec"]["agentLoop"]["templates"] = {"terse": template}
     target = RunTarget(
-        name=doc["metadata"]["name"],
-        namespace=runs.namespace,
-        uid="6b1a0c0e-0000-4000-8000-000000000000",
+        run=Run(
+            name=doc["metadata"]["name"],
+            namespace=runs.namespace,
+            uid="6b1a0c0e-0000-4000-8000-000000000000",
+            trainer_image="reg.example/trainer:1",
+            cpu_trainer_image="reg.example/trainer-cpu:1",
+            preflight_image="reg.example/preflight:1",
+            image_pull_policy="IfNotPresent",
+        ),
         spec=TrainingRunSpec.model_validate(doc["spec"]),
         pool_url=f"http://sciworld.{runs.namespace}.svc:8000",
         env="sciworld",
-        trainer_image="reg.example/trainer:1",
-        preflight_image="reg.example/preflight:1",
-        image_pull_policy="IfNotPresent",
     )
     children = [
         render.config_map(target),

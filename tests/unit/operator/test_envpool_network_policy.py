@@ -12,7 +12,7 @@ from gymkube_operator.envpool import builders
 from gymkube_operator.envpool.models import EnvPoolSpec
 from gymkube_operator.settings import OperatorSettings
 from gymkube_operator.trainingrun import render
-from gymkube_operator.trainingrun.command import RunTarget
+from gymkube_operator.trainingrun.command import Run, RunTarget
 from gymkube_operator.trainingrun.models import TrainingRunSpec
 from pydantic import ValidationError
 
@@ -44,7 +44,8 @@ def pool_pods(pool: str, namespace: str) -> tuple[Pod, Pod]:
 def run_pods(pool: str, namespace: str) -> list[Pod]:
     """The preflight and trainer pods of a TrainingRun on the pool."""
     spec = TrainingRunSpec.model_validate({"envPoolRef": {"name": pool}, "model": {"path": "/m"}})
-    target = RunTarget("grpo", namespace, "uid", spec, "http://x", "sciworld", "t", "p", "Always")
+    run = Run("grpo", namespace, "uid", "t", "t-cpu", "p", "Always")
+    target = RunTarget(run, spec, "http://x", "sciworld")
     jobs = [render.preflight_job(target), render.training_job(target)]
     return [Pod(namespace, job["spec"]["template"]["metadata"]["labels"]) for job in jobs]
 

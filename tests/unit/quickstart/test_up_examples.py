@@ -8,7 +8,7 @@ import pytest
 import yaml
 from gymkube_operator.envpool.models import EnvPoolSpec
 from gymkube_operator.trainingrun import command
-from gymkube_operator.trainingrun.command import RunTarget
+from gymkube_operator.trainingrun.command import Run, RunTarget
 from gymkube_operator.trainingrun.models import TrainingRunSpec
 from up_module import REPO, up
 
@@ -81,15 +81,18 @@ def test_the_frozen_lake_run_passes_verls_own_validation_on_one_gpu() -> None:
 
     (run,) = docs(EXAMPLES / "trainingrun-frozenlake-preflight.yaml")
     target = RunTarget(
-        name=run["metadata"]["name"],
-        namespace="default",
-        uid="uid-1",
+        run=Run(
+            name=run["metadata"]["name"],
+            namespace="default",
+            uid="uid-1",
+            trainer_image="gymkube/trainer:0.1.0",
+            cpu_trainer_image="gymkube/trainer-cpu:0.1.0",
+            preflight_image="gymkube/preflight:0.1.0",
+            image_pull_policy="IfNotPresent",
+        ),
         spec=TrainingRunSpec.model_validate(run["spec"]),
         pool_url="http://frozen-lake.default.svc:8000",
         env="frozen_lake",
-        trainer_image="gymkube/trainer:0.1.0",
-        preflight_image="gymkube/preflight:0.1.0",
-        image_pull_policy="IfNotPresent",
     )
     import verl
 

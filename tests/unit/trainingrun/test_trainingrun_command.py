@@ -19,7 +19,7 @@ from typing import Any, get_args
 import pytest
 import yaml
 from gymkube_operator.trainingrun import command, device, lifecycle
-from gymkube_operator.trainingrun.command import RunTarget
+from gymkube_operator.trainingrun.command import Run, RunTarget
 from gymkube_operator.trainingrun.models import Algorithm, TrainingRunSpec
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
@@ -40,15 +40,18 @@ def target(spec: dict[str, Any] | TrainingRunSpec, name: str = "sciworld-grpo") 
             {"envPoolRef": {"name": "sciworld"}, "model": {"path": "/models/Qwen"}, **spec}
         )
     return RunTarget(
-        name=name,
-        namespace="rl",
-        uid="uid-1",
+        run=Run(
+            name=name,
+            namespace="rl",
+            uid="uid-1",
+            trainer_image="reg/trainer:1",
+            cpu_trainer_image="reg/trainer:1",
+            preflight_image="reg/preflight:1",
+            image_pull_policy="IfNotPresent",
+        ),
         spec=spec,
         pool_url=POOL_URL,
         env="sciworld",
-        trainer_image="reg/trainer:1",
-        preflight_image="reg/preflight:1",
-        image_pull_policy="IfNotPresent",
     )
 
 

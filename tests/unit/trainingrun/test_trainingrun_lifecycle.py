@@ -8,7 +8,8 @@ import pytest
 from gymkube_operator.conditions import MAX_LINE
 from gymkube_operator.objects import Object
 from gymkube_operator.trainingrun import lifecycle
-from gymkube_operator.trainingrun.lifecycle import Observed, Plan, Run
+from gymkube_operator.trainingrun.command import Run
+from gymkube_operator.trainingrun.lifecycle import Observed, Plan
 from gymkube_operator.trainingrun.models import (
     Phase,
     TrainingProgress,

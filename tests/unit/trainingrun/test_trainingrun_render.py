@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from gymkube_operator.trainingrun import command, device, render
-from gymkube_operator.trainingrun.command import RunTarget
+from gymkube_operator.trainingrun.command import Run, RunTarget
 from gymkube_operator.trainingrun.models import TrainingRunSpec
 
 pytestmark = pytest.mark.unit
@@ -26,17 +26,16 @@ def target(**fields: Any) -> RunTarget:
             **fields,
         }
     )
-    return RunTarget(
+    run = Run(
         name="grpo",
         namespace="rl",
         uid="uid-1",
-        spec=spec,
-        pool_url=POOL_URL,
-        env="sciworld",
         trainer_image="reg/trainer:1",
+        cpu_trainer_image="reg/trainer:1",
         preflight_image="reg/preflight:1",
         image_pull_policy="Always",
     )
+    return RunTarget(run=run, spec=spec, pool_url=POOL_URL, env="sciworld")
 
 
 def by_name(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -43,18 +43,53 @@ TRAIN_WRAPPER = "gymkube-train"
 
 
 @dataclasses.dataclass(frozen=True)
-class RunTarget:
-    """One TrainingRun as the builders see it: its identity, its spec and the pool it plays."""
+class Run:
+    """A TrainingRun's identity and the operator's default images for it."""
 
     name: str
     namespace: str
     uid: str
+    trainer_image: str
+    cpu_trainer_image: str
+    preflight_image: str
+    image_pull_policy: str
+    generation: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class RunTarget:
+    """One TrainingRun as the builders see it: the run, its spec and the pool it plays."""
+
+    run: Run
     spec: TrainingRunSpec
     pool_url: str
     env: str
-    trainer_image: str
-    preflight_image: str
-    image_pull_policy: str
+
+    @property
+    def name(self) -> str:
+        return self.run.name
+
+    @property
+    def namespace(self) -> str:
+        return self.run.namespace
+
+    @property
+    def uid(self) -> str:
+        return self.run.uid
+
+    @property
+    def image_pull_policy(self) -> str:
+        return self.run.image_pull_policy
+
+    @property
+    def trainer_image(self) -> str:
+        if self.spec.image:
+            return self.spec.image
+        return self.run.cpu_trainer_image if self.spec.device == "cpu" else self.run.trainer_image
+
+    @property
+    def preflight_image(self) -> str:
+        return self.spec.preflight.image or self.run.preflight_image
 
     @property
     def checkpoint_dir(self) -> str:

@@ -139,7 +139,7 @@ async def reconcile(rt: Runtime, namespace: str, name: str) -> lifecycle.Plan | 
     meta = run["metadata"]
     spec = TrainingRunSpec.model_validate(run["spec"])
     previous = TrainingRunStatus.model_validate(run.get("status") or {})
-    identity = lifecycle.Run(
+    identity = command.Run(
         name=name,
         namespace=namespace,
         uid=meta["uid"],

@@ -26,7 +26,7 @@ from gymkube_operator.envpool.status import DEGRADED as POOL_DEGRADED
 from gymkube_operator.envpool.status import READY as POOL_READY
 from gymkube_operator.objects import Object
 from gymkube_operator.trainingrun import device, render
-from gymkube_operator.trainingrun.command import RunTarget
+from gymkube_operator.trainingrun.command import Run, RunTarget
 from gymkube_operator.trainingrun.models import (
     ChildRef,
     Phase,
@@ -62,20 +62,6 @@ _PHASE_CONDITIONS = (
 _REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
 # What gymkube-train prints on the trainer's stdout after every step: this, then one JSON object.
 PROGRESS_PREFIX = "gymkube-progress "
-
-
-@dataclasses.dataclass(frozen=True)
-class Run:
-    """A TrainingRun's identity and the operator's default images."""
-
-    name: str
-    namespace: str
-    uid: str
-    generation: int
-    trainer_image: str
-    cpu_trainer_image: str
-    preflight_image: str
-    image_pull_policy: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -547,16 +533,10 @@ def plan(
 
     assert observed.pool is not None
     target = RunTarget(
-        name=run.name,
-        namespace=run.namespace,
-        uid=run.uid,
+        run=run,
         spec=spec,
         pool_url=observed.pool["status"]["url"],
         env=observed.pool.get("spec", {}).get("env", ""),
-        trainer_image=spec.image
-        or (run.cpu_trainer_image if spec.device == "cpu" else run.trainer_image),
-        preflight_image=spec.preflight.image or run.preflight_image,
-        image_pull_policy=run.image_pull_policy,
     )
     writer.update(env_pool_url=target.pool_url)
 
