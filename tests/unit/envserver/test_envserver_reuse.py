@@ -128,8 +128,8 @@ async def test_an_env_over_its_episode_quota_is_replaced_in_the_background() -> 
 
 
 async def test_a_reused_jvm_plays_each_task_exactly_as_a_new_jvm() -> None:
-    """Two JVMs each play one task new, then swap tasks: every answer of the replay equals the
-    new JVM's answer for that data_idx."""
+    """Two JVMs each play one task new, then (after the warm-up the pool gives a JVM a session
+    started cold) swap tasks: every answer of the replay equals the new JVM's for that data_idx."""
     async with asgi_server(env="sciworld", warm=0, max_sessions=2) as (client, app):
         tasks = (await client.get("/tasks")).json()
         first_idx = {task["name"]: task["first_idx"] for task in tasks["tasks"]}
@@ -143,6 +143,8 @@ async def test_a_reused_jvm_plays_each_task_exactly_as_a_new_jvm() -> None:
         await client.post("/close", json={"id": one})
         three, four = [(await client.post("/create")).json()["id"] for _ in range(2)]
         assert {jvm_of(app, three), jvm_of(app, four)} == {jvm_one, jvm_two}
+        # Started cold for their first sessions, both ran the pool's warm-up on the way back.
+        assert all(app.state.manager.sessions[s].env.warmed for s in (three, four))
         after_melt = three if jvm_of(app, three) == jvm_one else four
         after_boil = four if after_melt == three else three
         assert await play(client, after_melt, boil) == new_boil

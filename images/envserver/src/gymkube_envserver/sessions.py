@@ -74,6 +74,8 @@ class PooledEnv:
     """Resets played on it, by sessions and the canary."""
     failed: str | None = None
     """Why it must never be handed out again."""
+    warmed: bool = False
+    """It has run the instance's warm_up (pre-started envs do before joining the pool)."""
 
 
 @dataclass(eq=False)
@@ -142,6 +144,8 @@ class SessionManager:
         self._refill = asyncio.Event()
         self._resets_in_flight = 0
         self._replacements = 0  # recycled envs the pool still has to replace
+        self._warming = 0  # given-back envs warming up before they rejoin the pool
+        self._returned = asyncio.Event()  # set (and replaced) whenever an env may have come back
         self._tasks: list[asyncio.Task[None]] = []
         self._closing: set[asyncio.Task[None]] = set()
 
@@ -216,7 +220,9 @@ class SessionManager:
             raise ApiError(ErrorCode.BAD_REQUEST, str(exc)) from None
         self._creating += 1
         try:
-            env = self._take_idle(env_config) or await self._start_for_session(env_config)
+            env = await self._take_idle_or_returning(env_config)
+            if env is None:
+                env = await self._start_for_session(env_config)
         finally:
             self._creating -= 1
         session = Session(
@@ -359,12 +365,44 @@ class SessionManager:
     def _give_back(self, env: PooledEnv, from_session: bool = True) -> None:
         """An env no session or canary uses any more: back to the pool, or closed and why."""
         reason = self._retire_reason(env, from_session)
+        if reason is None and not env.warmed and env.instance.warms_up():
+            self._warming += 1  # counted now: a /create may come before the task runs
+            self._track(asyncio.create_task(self._warm_up_and_give_back(env), name="warm-up-env"))
+            return
         if reason is None:
             self.warm.append(env)
+            self._announce_return()
             return
         if reason in RECYCLED:
             self._replacements += 1
         self._retire(env, reason)
+
+    async def _warm_up_and_give_back(self, env: PooledEnv) -> None:
+        """An env a session started cold runs the warm-up the pool's own envs ran, once, so it
+        serves later sessions as fast as they do (it is idle capacity from now on)."""
+        try:
+            await env.instance.warm_up()
+            env.warmed = True
+        except Exception:
+            log.exception("warming up a given-back env failed")
+            env.failed = "its warm-up failed"
+        finally:
+            self._warming -= 1
+        self._give_back(env)
+        self._announce_return()
+
+    def _announce_return(self) -> None:
+        self._returned.set()
+        self._returned = asyncio.Event()
+
+    async def _take_idle_or_returning(self, env_config: dict[str, Any]) -> PooledEnv | None:
+        """An idle env, waiting for one that is warming up on its way back if need be: it is
+        ready sooner than a new one, and a new one would grow the pool past its size."""
+        env = self._take_idle(env_config)
+        while env is None and self._warming:
+            await self._returned.wait()
+            env = self._take_idle(env_config)
+        return env
 
     def _retire_reason(self, env: PooledEnv, from_session: bool) -> EnvRetired | None:
         if env.failed is not None:
@@ -472,20 +510,23 @@ class SessionManager:
                         self._retire(env, EnvRetired.FAILED)
                     await asyncio.sleep(WARM_RETRY_S)
                     continue
-                if len(self.warm) + self._lent >= self.settings.warm:
+                env.warmed = True
+                if len(self.warm) + self._lent + self._warming >= self.settings.warm:
                     self._replacements = max(0, self._replacements - 1)
                 self.warm.append(env)
+                self._announce_return()
             if len(self.warm) + self._lent >= self.settings.warm:
                 self.warmed_event.set()
             self._refill.clear()
             await self._refill.wait()
 
     def _warm_pool_short(self) -> bool:
-        """Fewer idle envs than ``--warm`` (counting one the canary has borrowed), or recycled
-        envs not yet replaced."""
+        """Fewer idle envs than ``--warm`` (counting those the canary has borrowed or that are
+        warming up on their way back), or recycled envs not yet replaced."""
         if self.draining:
             return False
-        return len(self.warm) + self._lent < self.settings.warm or self._replacements > 0
+        idle = len(self.warm) + self._lent + self._warming
+        return idle < self.settings.warm or self._replacements > 0
 
     async def _yield_to_resets(self) -> None:
         """Let new sessions reset before starting an env (waits up to REFILL_DEFER_S).

@@ -71,6 +71,11 @@ class EnvInstance(ABC):
         """Run before the instance joins the warm pool, so the first real reset is fast."""
         return None
 
+    def warms_up(self) -> bool:
+        """True when ``warm_up`` does work (a ScienceWorld JVM's JIT): the pool then also runs it
+        on an env a session had to start cold, when that session gives it back."""
+        return False
+
     def rss_bytes(self) -> int | None:
         """Resident memory of the instance's own process (ScienceWorld's JVM); None for envs
         that run inside the server process. Read when its session ends, to recycle a bloated

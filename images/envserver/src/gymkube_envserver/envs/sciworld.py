@@ -239,6 +239,9 @@ class SciWorldInstance(EnvInstance):
             await self._run(self._load, task_name, variation, SciWorldConfig())
             await self._run(self._env.step, "look around")
 
+    def warms_up(self) -> bool:
+        return self._backend.warm_up_resets > 0
+
     async def step(self, action: str) -> StepOutcome:
         observation, reward, done, info = await self._run(self._env.step, action)
         return StepOutcome(
