@@ -39,6 +39,8 @@ from typing import Any, Literal
 import yaml
 from gymkube_agentloop.train import PROGRESS_PREFIX
 from gymkube_operator.envpool.reasons import STUCK
+from gymkube_operator.envpool.reasons import ConditionType as Pool
+from gymkube_operator.trainingrun.reasons import ConditionType as Run
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from pydantic import BaseModel, Field, ValidationError
@@ -698,9 +700,9 @@ def retry_failed_runs(kube: Kube, settings: UpSettings, objects: list[Object]) -
         if obj["kind"] != "TrainingRun":
             continue
         found = kube.gymkube_object("TrainingRun", settings.namespace, name)
-        if found is None or not condition_true(found, "Failed"):
+        if found is None or not condition_true(found, Run.FAILED):
             continue
-        why = (condition(found, "Failed") or {}).get("reason")
+        why = (condition(found, Run.FAILED) or {}).get("reason")
         say(f"  trainingrun/{name} failed last time ({why}): deleting it to run it again")
         out = kube.kubectl(
             "delete", "trainingrun", name, "-n", settings.namespace, "--wait=true", timeout=180
@@ -784,9 +786,9 @@ def describe_pool(obj: Object | None) -> str:
         return "not found"
     status = obj.get("status") or {}
     parts = [f"{status.get('readyReplicas', 0)}/{obj['spec'].get('replicas', 0)} servers ready"]
-    for kind in ("Ready", "Progressing", "Degraded"):
+    for kind in Pool:
         cond = condition(obj, kind)
-        if cond and (kind == "Ready" or cond.get("status") == "True"):
+        if cond and (kind == Pool.READY or cond.get("status") == "True"):
             parts.append(f"{kind}={cond.get('status')} {cond.get('reason', '')}".rstrip())
     return ", ".join(parts)
 
@@ -812,9 +814,9 @@ def describe_run(obj: Object | None) -> str:
         return "not found"
     status = obj.get("status") or {}
     parts = [f"phase {status.get('phase', 'Pending')}"]
-    for kind in ("EnvPoolReady", "PreflightPassed", "Failed"):
+    for kind in (Run.ENV_POOL_READY, Run.PREFLIGHT_PASSED, Run.FAILED):
         cond = condition(obj, kind)
-        if cond and (kind != "Failed" or cond.get("status") == "True"):
+        if cond and (kind != Run.FAILED or cond.get("status") == "True"):
             parts.append(f"{kind}={cond.get('status')} {cond.get('reason', '')}".rstrip())
     if status.get("training"):
         parts.append(f"{status['training']['kind'].lower()}/{status['training']['name']} created")
@@ -827,24 +829,24 @@ def run_done(obj: Object) -> bool:
     """The run got as far as this cluster lets it: a CPU run Succeeded; a GPU run passed its
     preflight and made its training child (without a GPU node, that Job stays Pending)."""
     if trains_on_cpu(obj):
-        return condition_true(obj, "Succeeded")
+        return condition_true(obj, Run.SUCCEEDED)
     status = obj.get("status") or {}
-    return condition_true(obj, "PreflightPassed") and bool(status.get("training"))
+    return condition_true(obj, Run.PREFLIGHT_PASSED) and bool(status.get("training"))
 
 
 def pool_failed(obj: Object) -> str | None:
     """A pool that needs a human: waiting longer will not make it Ready."""
-    degraded = condition(obj, "Degraded")
+    degraded = condition(obj, Pool.DEGRADED)
     if degraded and degraded.get("status") == "True" and degraded.get("reason") in POOL_STUCK:
         return f"Degraded {degraded.get('reason')}: {degraded.get('message')}"
     return None
 
 
 def run_failed(obj: Object) -> str | None:
-    if condition_true(obj, "Failed"):
-        failed = condition(obj, "Failed") or {}
+    if condition_true(obj, Run.FAILED):
+        failed = condition(obj, Run.FAILED) or {}
         return f"{failed.get('reason')}: {failed.get('message')}"
-    preflight = condition(obj, "PreflightPassed")
+    preflight = condition(obj, Run.PREFLIGHT_PASSED)
     if preflight and preflight.get("status") == "False":
         return f"preflight failed: {preflight.get('message')}"
     return None
@@ -876,7 +878,7 @@ def wait_examples(kube: Kube, settings: UpSettings, watched: list[Watched]) -> N
                 failure = pool_failed(obj) if pool else run_failed(obj)
                 if failure:
                     raise UpError(f"{item.kind.lower()}/{item.name} failed: {failure}")
-                if (pool and condition_true(obj, "Ready")) or (not pool and run_done(obj)):
+                if (pool and condition_true(obj, Pool.READY)) or (not pool and run_done(obj)):
                     item.ready_after = time.monotonic() - item.started
                     what = (
                         "Ready"
@@ -1008,7 +1010,7 @@ def print_summary(
         if item.kind != "EnvPool" or item.obj is None:
             continue
         status = item.obj.get("status") or {}
-        ready = condition(item.obj, "Ready") or {}
+        ready = condition(item.obj, Pool.READY) or {}
         print(
             f"  {item.name:<{width}} {'Ready' if ready.get('status') == 'True' else 'NotReady':<9}"
             f"{status.get('readyReplicas', 0)}/{item.obj['spec'].get('replicas')} servers  "

@@ -17,6 +17,7 @@ from gymkube_operator.trainingrun.models import (
     TrainingRunStatus,
 )
 from gymkube_operator.trainingrun.overrides import OverrideProblem
+from gymkube_operator.trainingrun.reasons import Reason
 from pydantic import ValidationError
 
 pytestmark = pytest.mark.unit
@@ -525,7 +526,7 @@ def test_a_pool_degraded_for_good_is_named_in_the_runs_own_condition() -> None:
     plan = step(Observed(pool=degraded_pool("ServerCrashLoop", crash)), waiting.status)
     assert plan.create == []
     assert plan.status.phase == Phase.WAITING_FOR_ENV_POOL
-    assert condition(plan, "EnvPoolReady") == ("False", lifecycle.ENV_POOL_DEGRADED)
+    assert condition(plan, "EnvPoolReady") == ("False", Reason.ENV_POOL_DEGRADED)
     assert (
         message(plan, "EnvPoolReady") == f"EnvPool sciworld is Degraded (ServerCrashLoop: {crash})"
     )
@@ -547,7 +548,7 @@ def test_a_run_fails_when_its_pool_is_not_ready_within_its_timeout() -> None:
     plan = step(stuck, almost.status, late, envPoolTimeoutSeconds=600)
     assert plan.create == []
     assert plan.status.phase == Phase.FAILED
-    assert condition(plan, "Failed") == ("True", lifecycle.ENV_POOL_TIMEOUT)
+    assert condition(plan, "Failed") == ("True", Reason.ENV_POOL_TIMEOUT)
     assert message(plan, "Failed") == (
         "waited 600s (envPoolTimeoutSeconds: 600) for its pool; last seen: EnvPool sciworld is "
         "Degraded (ImagePullFailed: pod sciworld-0: cannot pull image x)"
@@ -581,7 +582,7 @@ def test_an_override_verl_refuses_fails_the_run_before_anything_exists() -> None
     plan = step(Observed(pool=None, override_problem=problem), overrides=["trainer.total_epoch=3"])
     assert plan.create == []
     assert plan.status.phase == Phase.FAILED
-    assert condition(plan, "Failed") == ("True", lifecycle.INVALID_OVERRIDE)
+    assert condition(plan, "Failed") == ("True", Reason.INVALID_OVERRIDE)
     assert message(plan, "Failed") == problem.message
     assert [(e.type, e.reason) for e in plan.events] == [("Warning", "InvalidOverride")]
     ready = step(Observed(pool=pool(), override_problem=problem))

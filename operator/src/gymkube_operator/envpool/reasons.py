@@ -1,10 +1,17 @@
-"""The reasons of an EnvPool's Degraded condition, named once for the operator and its readers.
+"""An EnvPool's condition types and the reasons of its Degraded condition, named once for the
+operator and its readers.
 
-TrainingRuns and `make up` (hack/up.py) import STUCK from here, so this module imports nothing
+TrainingRuns and `make up` (hack/up.py) import them from here, so this module imports nothing
 beyond the standard library.
 """
 
 from enum import StrEnum
+
+
+class ConditionType(StrEnum):
+    READY = "Ready"
+    PROGRESSING = "Progressing"
+    DEGRADED = "Degraded"
 
 
 class Degraded(StrEnum):

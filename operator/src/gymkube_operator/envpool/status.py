@@ -6,13 +6,13 @@ from gymkube_operator.conditions import Condition, ConditionStatus, set_conditio
 from gymkube_operator.envpool.builders import pool_url, selector_string
 from gymkube_operator.envpool.models import EnvPoolSpec, EnvPoolStatus, RestartsStatus
 from gymkube_operator.envpool.pods import PodTrouble, degradation
-from gymkube_operator.envpool.reasons import Degraded
+from gymkube_operator.envpool.reasons import ConditionType, Degraded
 from gymkube_operator.envpool.watchdog import PodObservation
 from gymkube_operator.objects import Object
 
-READY = "Ready"
-PROGRESSING = "Progressing"
-DEGRADED = "Degraded"
+READY = ConditionType.READY
+PROGRESSING = ConditionType.PROGRESSING
+DEGRADED = ConditionType.DEGRADED
 
 
 @dataclasses.dataclass(frozen=True)

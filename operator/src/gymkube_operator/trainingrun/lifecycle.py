@@ -36,19 +36,14 @@ from gymkube_operator.trainingrun.models import (
     TrainingRunStatus,
 )
 from gymkube_operator.trainingrun.overrides import OverrideProblem
+from gymkube_operator.trainingrun.reasons import ConditionType, Reason
 
-ENV_POOL_READY = "EnvPoolReady"
-# EnvPoolReady=False because the pool is Degraded for a reason waiting does not fix.
-ENV_POOL_DEGRADED = "EnvPoolDegraded"
-# Failed: the pool was not Ready within spec.envPoolTimeoutSeconds.
-ENV_POOL_TIMEOUT = "EnvPoolTimeout"
-# Failed: verl's config refuses one of spec.overrides.
-INVALID_OVERRIDE = "InvalidOverride"
-PREFLIGHT_PASSED = "PreflightPassed"
-RUNNING = "Running"
-SUCCEEDED = "Succeeded"
-FAILED = "Failed"
-SUSPENDED = "Suspended"
+ENV_POOL_READY = ConditionType.ENV_POOL_READY
+PREFLIGHT_PASSED = ConditionType.PREFLIGHT_PASSED
+RUNNING = ConditionType.RUNNING
+SUCCEEDED = ConditionType.SUCCEEDED
+FAILED = ConditionType.FAILED
+SUSPENDED = ConditionType.SUSPENDED
 
 TRUE, FALSE, UNKNOWN = ConditionStatus.TRUE, ConditionStatus.FALSE, ConditionStatus.UNKNOWN
 
@@ -154,24 +149,32 @@ def _pool_condition(pool: Object, type_: str) -> Object | None:
 def pool_state(pool: Object | None, pool_name: str) -> tuple[bool, str, str]:
     """(ready, reason, message) of the referenced EnvPool."""
     if pool is None:
-        return False, "EnvPoolNotFound", f"EnvPool {pool_name} does not exist in this namespace"
+        return (
+            False,
+            Reason.ENV_POOL_NOT_FOUND,
+            f"EnvPool {pool_name} does not exist in this namespace",
+        )
     status = pool.get("status", {}) or {}
     if _true(pool, POOL_READY) is None:
         degraded = _pool_condition(pool, POOL_DEGRADED) or {}
         if degraded.get("status") == "True" and degraded.get("reason") in STUCK:
             # Waiting will not make this pool Ready: say why in the pool's own words.
             detail = f"{degraded['reason']}: {degraded.get('message', '')}"
-            return False, ENV_POOL_DEGRADED, f"EnvPool {pool_name} is Degraded ({detail})"
+            return False, Reason.ENV_POOL_DEGRADED, f"EnvPool {pool_name} is Degraded ({detail})"
         condition = _pool_condition(pool, POOL_READY)
         detail = (
             f"{condition.get('reason', '')}: {condition.get('message', '')}"
             if condition
             else "it reports no Ready condition yet"
         )
-        return False, "EnvPoolNotReady", f"EnvPool {pool_name} is not Ready ({detail})"
+        return False, Reason.ENV_POOL_NOT_READY, f"EnvPool {pool_name} is not Ready ({detail})"
     if not status.get("url"):
-        return False, "EnvPoolNotReady", f"EnvPool {pool_name} is Ready but has no status.url"
-    return True, "EnvPoolReady", f"EnvPool {pool_name} is Ready at {status['url']}"
+        return (
+            False,
+            Reason.ENV_POOL_NOT_READY,
+            f"EnvPool {pool_name} is Ready but has no status.url",
+        )
+    return True, Reason.ENV_POOL_READY, f"EnvPool {pool_name} is Ready at {status['url']}"
 
 
 def _seconds_since(timestamp: str, now: datetime.datetime) -> float:
@@ -298,16 +301,19 @@ def trainer_failure(job: Object, failed: Object, pod: Object | None) -> tuple[st
             else "with no memory limit set (its node ran out)"
         )
         killed = f"the trainer was killed for memory (OOMKilled) {where}"
-        return "TrainerOutOfMemory", f"Job {name} failed: {killed}"
+        return Reason.TRAINER_OUT_OF_MEMORY, f"Job {name} failed: {killed}"
     job_reason = failed.get("reason")
     # A Job gives up with BackoffLimitExceeded because its pods failed: the trainer says why.
     # Other reasons (DeadlineExceeded, ...) are the Job's own doing.
     if terminated.get("exitCode", 0) != 0 and job_reason in (None, "BackoffLimitExceeded"):
         code = terminated["exitCode"]
-        return "TrainerFailed", f"Job {name} failed: the trainer exited with code {code}{said}"
+        return (
+            Reason.TRAINER_FAILED,
+            f"Job {name} failed: the trainer exited with code {code}{said}",
+        )
     detail = failed.get("message") or job_reason or "no detail"
     last = f"; the trainer's last line: {line}" if line else ""
-    return reason_word(job_reason, "TrainingFailed"), f"Job {name} failed: {detail}{last}"
+    return reason_word(job_reason, Reason.TRAINING_FAILED), f"Job {name} failed: {detail}{last}"
 
 
 def _job_outcome(job: Object, spec: TrainingRunSpec, pod: Object | None) -> _Outcome:
@@ -317,7 +323,7 @@ def _job_outcome(job: Object, spec: TrainingRunSpec, pod: Object | None) -> _Out
     if (done := _true(job, "Complete")) is not None:
         return _Outcome(
             Phase.SUCCEEDED,
-            "TrainingSucceeded",
+            Reason.TRAINING_SUCCEEDED,
             f"Job {name} completed",
             start,
             status.get("completionTime") or done.get("lastTransitionTime"),
@@ -329,8 +335,8 @@ def _job_outcome(job: Object, spec: TrainingRunSpec, pod: Object | None) -> _Out
         return _suspended(spec, f"Job {name}")
     # `active` counts pending pods too; a trainer is running once its pod is ready.
     if status.get("ready", 0) > 0:
-        return _Outcome(Phase.RUNNING, "TrainingRunning", f"Job {name} is running", start)
-    return _Outcome(Phase.STARTING, "TrainingStarting", f"Job {name} is starting its pod")
+        return _Outcome(Phase.RUNNING, Reason.TRAINING_RUNNING, f"Job {name} is running", start)
+    return _Outcome(Phase.STARTING, Reason.TRAINING_STARTING, f"Job {name} is starting its pod")
 
 
 def _rayjob_outcome(rayjob: Object, spec: TrainingRunSpec) -> _Outcome:
@@ -342,14 +348,14 @@ def _rayjob_outcome(rayjob: Object, spec: TrainingRunSpec) -> _Outcome:
     detail = status.get("message") or status.get("reason") or f"jobStatus {job_status or 'unset'}"
     if deployment == "Complete" and job_status == "SUCCEEDED":
         return _Outcome(
-            Phase.SUCCEEDED, "TrainingSucceeded", f"RayJob {name} succeeded", start, end
+            Phase.SUCCEEDED, Reason.TRAINING_SUCCEEDED, f"RayJob {name} succeeded", start, end
         )
     if deployment in ("Failed", "ValidationFailed") or (
         deployment == "Complete" and job_status in ("FAILED", "STOPPED")
     ):
         return _Outcome(
             Phase.FAILED,
-            reason_word(status.get("reason"), "TrainingFailed"),
+            reason_word(status.get("reason"), Reason.TRAINING_FAILED),
             f"RayJob {name} failed: {detail}",
             start,
             end,
@@ -357,22 +363,22 @@ def _rayjob_outcome(rayjob: Object, spec: TrainingRunSpec) -> _Outcome:
     if render.child_suspended(rayjob) or deployment in ("Suspended", "Suspending"):
         return _suspended(spec, f"RayJob {name}")
     if deployment == "Running":
-        return _Outcome(Phase.RUNNING, "TrainingRunning", f"RayJob {name} is running", start)
+        return _Outcome(Phase.RUNNING, Reason.TRAINING_RUNNING, f"RayJob {name} is running", start)
     return _Outcome(
         Phase.STARTING,
-        "TrainingStarting",
+        Reason.TRAINING_STARTING,
         f"RayJob {name} is starting ({deployment or 'no status yet'})",
     )
 
 
 def _suspended(spec: TrainingRunSpec, what: str) -> _Outcome:
     if spec.suspend:
-        return _Outcome(Phase.SUSPENDED, "Suspended", f"{what} is suspended (spec.suspend)")
+        return _Outcome(Phase.SUSPENDED, Reason.SUSPENDED, f"{what} is suspended (spec.suspend)")
     if spec.queue_name is None:
         return _Outcome(Phase.STARTING, "Resuming", f"{what} is being resumed")
     return _Outcome(
         Phase.QUEUED,
-        "WaitingForAdmission",
+        Reason.WAITING_FOR_ADMISSION,
         f"{what} waits for Kueue to admit it from queue {spec.queue_name}",
     )
 
@@ -387,13 +393,13 @@ def _preflight_outcome(
     shown = preflight_line(summary) if summary is not None else one_line(text)
     if _true(job, "Complete") is not None:
         result = PreflightStatus(job_name=name, passed=True, summary=summary, message=text)
-        return True, "PreflightSucceeded", shown or f"Job {name} completed", result
+        return True, Reason.PREFLIGHT_SUCCEEDED, shown or f"Job {name} completed", result
     if (failed := _true(job, "Failed")) is not None:
         why = shown or failed.get("message") or failed.get("reason") or "no output"
         result = PreflightStatus(job_name=name, passed=False, summary=summary, message=text)
-        return False, "PreflightFailed", f"preflight Job {name} failed: {why}", result
+        return False, Reason.PREFLIGHT_FAILED, f"preflight Job {name} failed: {why}", result
     running = PreflightStatus(job_name=name)
-    return None, "PreflightRunning", f"preflight Job {name} is running", running
+    return None, Reason.PREFLIGHT_RUNNING, f"preflight Job {name} is running", running
 
 
 class _Writer:
@@ -499,7 +505,7 @@ def plan(
         return done(
             _Outcome(
                 Phase.FAILED,
-                "RayJobCRDMissing",
+                Reason.RAYJOB_CRD_MISSING,
                 f"nodes={spec.nodes} renders a KubeRay RayJob (ray.io/v1), which this cluster "
                 "does not serve: install the KubeRay operator, or use nodes: 1",
             )
@@ -507,7 +513,9 @@ def plan(
 
     if observed.training is None and observed.override_problem is not None:
         # Refused before the pool, the preflight and any GPU: no waiting makes it compose.
-        return done(_Outcome(Phase.FAILED, INVALID_OVERRIDE, observed.override_problem.message))
+        return done(
+            _Outcome(Phase.FAILED, Reason.INVALID_OVERRIDE, observed.override_problem.message)
+        )
 
     pool_name = spec.env_pool_ref.name
     ready, reason, message = pool_state(observed.pool, pool_name)
@@ -522,14 +530,16 @@ def plan(
             return done(
                 _Outcome(
                     Phase.FAILED,
-                    ENV_POOL_TIMEOUT,
+                    Reason.ENV_POOL_TIMEOUT,
                     f"waited {int(waited)}s (envPoolTimeoutSeconds: "
                     f"{spec.env_pool_timeout_seconds}) for its pool; last seen: {message}",
                 )
             )
         return done(_Outcome(Phase.WAITING_FOR_ENV_POOL, reason, message))
     if spec.suspend:
-        return done(_Outcome(Phase.SUSPENDED, "Suspended", "the run is suspended (spec.suspend)"))
+        return done(
+            _Outcome(Phase.SUSPENDED, Reason.SUSPENDED, "the run is suspended (spec.suspend)")
+        )
 
     assert observed.pool is not None
     target = RunTarget(
@@ -543,17 +553,19 @@ def plan(
     passed_before = find_condition(previous.conditions, PREFLIGHT_PASSED)
     if not spec.preflight.enabled:
         writer.condition(
-            PREFLIGHT_PASSED, TRUE, "PreflightDisabled", "spec.preflight.enabled is false"
+            PREFLIGHT_PASSED, TRUE, Reason.PREFLIGHT_DISABLED, "spec.preflight.enabled is false"
         )
     elif passed_before is None or passed_before.status != TRUE:
         if observed.preflight_job is None:
             job = render.preflight_job(target)
             name = job["metadata"]["name"]
-            writer.condition(PREFLIGHT_PASSED, UNKNOWN, "PreflightRunning", f"created Job {name}")
+            writer.condition(
+                PREFLIGHT_PASSED, UNKNOWN, Reason.PREFLIGHT_RUNNING, f"created Job {name}"
+            )
             writer.update(preflight=PreflightStatus(job_name=name))
             outcome = _Outcome(
                 Phase.PREFLIGHT,
-                "PreflightStarted",
+                Reason.PREFLIGHT_STARTED,
                 f"playing {spec.preflight.episodes} {spec.preflight.policy} episodes "
                 f"through {target.pool_url} (Job {name})",
             )
@@ -576,7 +588,7 @@ def plan(
     writer.update(training=ChildRef(api_version=api_version, kind=kind, name=child_name))
     created = _Outcome(
         Phase.QUEUED if spec.queue_name else Phase.STARTING,
-        "WaitingForAdmission" if spec.queue_name else "TrainingCreated",
+        Reason.WAITING_FOR_ADMISSION if spec.queue_name else Reason.TRAINING_CREATED,
         f"created {kind} {child_name}: {device.describe(spec)}, "
         f"{spec.algorithm} on {spec.model.path}"
         + (f", queued in {spec.queue_name}" if spec.queue_name else ""),
@@ -619,6 +631,8 @@ def rejected(
     writer = _Writer(planned, generation, now_rfc3339(now))
     writer.update(training=None)
     what = f"{obj['kind']} {obj['metadata']['name']}"
-    outcome = _Outcome(Phase.FAILED, "ChildRejected", f"the API server rejected {what}: {error}")
+    outcome = _Outcome(
+        Phase.FAILED, Reason.CHILD_REJECTED, f"the API server rejected {what}: {error}"
+    )
     writer.phase(outcome)
     return Plan(status=writer.status, events=writer.events(outcome))

@@ -1,0 +1,42 @@
+"""A TrainingRun's condition types and reasons, named once for the operator and its readers
+(`make up` imports them), so this module imports nothing beyond the standard library."""
+
+from enum import StrEnum
+
+
+class ConditionType(StrEnum):
+    ENV_POOL_READY = "EnvPoolReady"
+    PREFLIGHT_PASSED = "PreflightPassed"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SUSPENDED = "Suspended"
+
+
+class Reason(StrEnum):
+    # EnvPoolReady
+    ENV_POOL_READY = "EnvPoolReady"
+    ENV_POOL_NOT_FOUND = "EnvPoolNotFound"
+    ENV_POOL_NOT_READY = "EnvPoolNotReady"
+    ENV_POOL_DEGRADED = "EnvPoolDegraded"  # Degraded for a reason waiting does not fix
+    # PreflightPassed
+    PREFLIGHT_DISABLED = "PreflightDisabled"
+    PREFLIGHT_STARTED = "PreflightStarted"
+    PREFLIGHT_RUNNING = "PreflightRunning"
+    PREFLIGHT_SUCCEEDED = "PreflightSucceeded"
+    PREFLIGHT_FAILED = "PreflightFailed"
+    # The training child's life
+    TRAINING_CREATED = "TrainingCreated"
+    WAITING_FOR_ADMISSION = "WaitingForAdmission"  # Kueue holds the suspended child
+    TRAINING_STARTING = "TrainingStarting"
+    TRAINING_RUNNING = "TrainingRunning"
+    TRAINING_SUCCEEDED = "TrainingSucceeded"
+    SUSPENDED = "Suspended"  # spec.suspend
+    # Failed
+    TRAINING_FAILED = "TrainingFailed"  # when the Job or RayJob gives no reason word of its own
+    TRAINER_FAILED = "TrainerFailed"  # the trainer exited non-zero; its last error line follows
+    TRAINER_OUT_OF_MEMORY = "TrainerOutOfMemory"
+    ENV_POOL_TIMEOUT = "EnvPoolTimeout"  # not Ready within spec.envPoolTimeoutSeconds
+    INVALID_OVERRIDE = "InvalidOverride"  # verl's config refuses one of spec.overrides
+    CHILD_REJECTED = "ChildRejected"  # the API server refused a child the spec renders
+    RAYJOB_CRD_MISSING = "RayJobCRDMissing"
