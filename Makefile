@@ -63,8 +63,9 @@ fmt: install ## Apply ruff fixes and formatting.
 	$(VENV)/bin/ruff format .
 
 .PHONY: manifests
-manifests: install ## Regenerate the CRD YAML (operator package, chart, kustomize) from the models.
+manifests: install tools ## Regenerate every generated file: the CRDs (from the models) and the kustomize base (from the chart).
 	$(PY) -m gymkube_operator.crds write
+	$(PY) hack/render_kustomize_base.py
 
 ##@ Tools (built from the Go module proxy into $(GYMKUBE_CACHE))
 
@@ -108,7 +109,7 @@ kind-down: ## Delete the kind cluster `gymkube`.
 ##@ Tests
 
 .PHONY: test-unit
-test-unit: install ## Unit tier: pure code and in-process servers with real envs.
+test-unit: install tools ## Unit tier: pure code and in-process servers with real envs.
 	$(PY) -m pytest -m unit tests/unit
 
 .PHONY: test-integration

@@ -237,14 +237,6 @@ def test_the_no_network_policy_component_turns_pool_policies_off(
     assert network_policy_setting(tmp_path) == "false"
 
 
-def test_kustomize_base_is_the_rendered_chart() -> None:
-    done = subprocess.run(
-        [str(REPO_ROOT / ".venv" / "bin" / "python"), "hack/render_kustomize_base.py", "--check"],
-        capture_output=True, text=True, cwd=REPO_ROOT, timeout=TIMEOUT_S,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-
-
 # --- what the operator's ServiceAccount may do ---------------------------------------------------
 
 
