@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from gymkube_envserver.openenv import CloseCode
 from gymkube_envserver.router.settings import RouterSettings
 from gymkube_envserver.router.upstream import ConnectFailed, Upstream, UpstreamError
-from gymkube_envserver.wire import ErrorCode, StatusResponse
+from gymkube_envserver.wire import CanaryStatus, ErrorCode, StatusResponse
 
 if TYPE_CHECKING:
     from gymkube_envserver.router.tunnel import Tunnel
@@ -306,12 +306,14 @@ class Pool:
     async def poll(self, backend: Backend) -> None:
         """Fetch one backend's /status and update what placement and routing know of it."""
         unreported_before = backend.unreported
+        openenv = self._settings.backend_protocol == "openenv"
+        path = b"/health" if openenv else b"/status"
         try:
             async with asyncio.timeout(self._settings.poll_timeout):
                 reply = await self._upstream.call(
                     backend.host,
                     backend.port,
-                    b"GET /status HTTP/1.1\r\n" + backend.host_header + b"\r\n",
+                    b"GET %s HTTP/1.1\r\n%s\r\n" % (path, backend.host_header),
                 )
         except (UpstreamError, TimeoutError) as exc:
             self._unreachable(backend, exc)
@@ -324,8 +326,12 @@ class Pool:
             backend.dead = False
         try:
             if code != 200:
-                raise ValueError(f"/status answered {code}")
-            status = StatusResponse.model_validate_json(payload)
+                raise ValueError(f"{path.decode()} answered {code}")
+            status = (
+                self._openenv_status(backend)
+                if openenv
+                else StatusResponse.model_validate_json(payload)
+            )
         except (ValueError, ValidationError) as exc:
             # It answers, so its sessions live on; it just gets no new ones.
             backend.status = None
@@ -337,6 +343,22 @@ class Pool:
         backend.last_error = None
         if backend.free > 0 and backend.placeable:
             self._wake()
+
+    def _openenv_status(self, backend: Backend) -> StatusResponse:
+        """What an OpenEnv server that answered /health stands for: the spec's capacity and
+        the sockets this replica tunnels to it (it reports neither itself)."""
+        capacity = self._settings.backend_capacity or 0
+        return StatusResponse(
+            env="openenv",
+            active=len(backend.tunnels),
+            capacity=capacity,
+            warm=0,
+            warm_target=0,
+            draining=False,
+            served=backend.placed,
+            ready=True,
+            canary=CanaryStatus(),
+        )
 
     def _unreachable(self, backend: Backend, exc: BaseException) -> None:
         backend.failures += 1

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -95,8 +95,23 @@ class RouterSettings(BaseSettings):
         "the env server's own keep-alive timeout.",
     )
 
+    backend_protocol: Literal["gymkube", "openenv"] = Field(
+        default="gymkube",
+        description="gymkube: gymkube env servers (placement from their /status); openenv: any "
+        "OpenEnv server (liveness from /health, capacity from --backend-capacity, WebSockets "
+        "only).",
+    )
+    backend_capacity: int | None = Field(
+        default=None,
+        ge=1,
+        description="Sessions each OpenEnv server holds (its MAX_CONCURRENT_ENVS); required "
+        "with --backend-protocol openenv.",
+    )
+
     @model_validator(mode="after")
     def _one_backend_source(self) -> RouterSettings:
         if bool(self.backends) == bool(self.backends_dns):
             raise ValueError("give exactly one of --backends or --backends-dns")
+        if self.backend_protocol == "openenv" and self.backend_capacity is None:
+            raise ValueError("--backend-protocol openenv needs --backend-capacity")
         return self

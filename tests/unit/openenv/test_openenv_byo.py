@@ -1,0 +1,83 @@
+"""Bring your own OpenEnv server: the router in front of real OpenEnv servers (no /status)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+
+import pytest
+from gymkube_envserver.openenv import CloseCode
+from openenv.core.generic_client import GenericEnvClient
+from openenv_sudoku import openenv_sudoku_server
+from router_harness import Proc, Procs
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+CAPACITY = 2
+
+
+async def _outcome(ws: ClientConnection) -> str | int | None:
+    """ "alive" when the socket still answers, else the close code it got."""
+    try:
+        await ws.send(json.dumps({"type": "state"}))
+        frame = json.loads(await asyncio.wait_for(ws.recv(), 3))
+        if frame["type"] == "state":
+            return "alive"
+        await asyncio.wait_for(ws.recv(), 3)  # the close that follows the error frame
+    except ConnectionClosed as closed:
+        return closed.rcvd.code if closed.rcvd else None
+    return "no close"
+
+
+def _pool(procs: Procs) -> tuple[list[Proc], Proc]:
+    servers = [procs.start(openenv_sudoku_server(CAPACITY)) for _ in range(2)]
+    for server in servers:
+        server.wait_ready("/health")
+    router = procs.router_for(
+        servers,
+        "--backend-protocol",
+        "openenv",
+        "--backend-capacity",
+        str(CAPACITY),
+        "--ws-create-wait",
+        "0.3",
+    )
+    router.wait_ready()
+    return servers, router
+
+
+def test_openenv_client_plays_through_the_router_and_a_full_pool_refuses(procs: Procs) -> None:
+    _, router = _pool(procs)
+    clients = [GenericEnvClient(base_url=router.url).sync() for _ in range(2 * CAPACITY + 1)]
+    try:
+        for seed, client in enumerate(clients[:-1]):
+            result = client.reset(seed=seed)
+            assert "Sudoku" in result.observation["prompt"]
+            assert client.step({"message": "[1 1 1]"}).done in (True, False)
+        # Placement spread the sessions by the spec's capacity, so the next one is refused
+        # by the router, as OpenEnv's own server refuses at MAX_CONCURRENT_ENVS.
+        with pytest.raises(RuntimeError, match="CAPACITY_REACHED"):
+            clients[-1].reset()
+    finally:
+        for client in clients:
+            client.close()
+
+
+async def test_a_killed_openenv_server_closes_its_sockets_with_session_lost(procs: Procs) -> None:
+    servers, router = _pool(procs)
+    url = router.url.replace("http", "ws") + "/ws"
+    sockets = [await connect(url) for _ in range(2 * CAPACITY)]
+    for seed, ws in enumerate(sockets):
+        await ws.send(json.dumps({"type": "reset", "data": {"seed": seed}}))
+        assert json.loads(await ws.recv())["type"] == "observation"
+    killed_at = time.monotonic()
+    servers[0].signal(signal.SIGKILL)
+    codes = await asyncio.gather(*(_outcome(ws) for ws in sockets))
+    assert time.monotonic() - killed_at < 2
+    # Half the sockets were on the killed server; the others still answer.
+    assert codes.count(CloseCode.SESSION_LOST) == CAPACITY
+    assert codes.count("alive") == CAPACITY
+    for ws in sockets:
+        await ws.close()
