@@ -1,6 +1,7 @@
 """metav1.Condition in Python: the model for CRD schemas and apimachinery's set-condition rule."""
 
 import datetime
+import re
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -9,6 +10,9 @@ from pydantic import Field, WithJsonSchema
 from gymkube_operator.kinds import CamelModel
 
 REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+MAX_REASON = 1024
+RFC3339 = "%Y-%m-%dT%H:%M:%SZ"
+"""The timestamps the API server writes (creationTimestamp, lastTransitionTime): UTC, seconds."""
 MAX_MESSAGE = 32768
 # A component's own words quoted in a condition message: one line of at most this many characters.
 MAX_LINE = 300
@@ -28,7 +32,7 @@ class Condition(CamelModel):
     type: str = Field(max_length=316, description="CamelCase condition type, e.g. Ready.")
     status: ConditionStatus = Field(description="True, False or Unknown.")
     reason: str = Field(
-        min_length=1, max_length=1024, pattern=REASON_PATTERN, description="CamelCase cause."
+        min_length=1, max_length=MAX_REASON, pattern=REASON_PATTERN, description="CamelCase cause."
     )
     message: str = Field("", max_length=MAX_MESSAGE, description="Human-readable detail.")
     observed_generation: int = Field(0, ge=0, description="metadata.generation this is based on.")
@@ -44,7 +48,16 @@ CONDITIONS_SCHEMA_EXTRA: dict[str, Any] = {
 
 def now_rfc3339(now: datetime.datetime | None = None) -> str:
     moment = now or datetime.datetime.now(datetime.UTC)
-    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return moment.astimezone(datetime.UTC).strftime(RFC3339)
+
+
+def parse_rfc3339(timestamp: str) -> datetime.datetime:
+    return datetime.datetime.strptime(timestamp, RFC3339).replace(tzinfo=datetime.UTC)
+
+
+def is_reason(text: str) -> bool:
+    """Whether text may be a condition's reason (CamelCase, as the API server validates it)."""
+    return len(text) <= MAX_REASON and re.match(REASON_PATTERN, text) is not None
 
 
 def set_condition(

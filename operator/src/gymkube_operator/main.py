@@ -1,4 +1,5 @@
-"""`gymkube-operator`: run the EnvPool operator with settings from GYMKUBE_* variables."""
+"""`gymkube-operator`: run the EnvPool and TrainingRun operator with settings from GYMKUBE_*
+variables."""
 
 import asyncio
 import contextlib

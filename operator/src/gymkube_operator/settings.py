@@ -41,7 +41,9 @@ class OperatorSettings(BaseSettings):
         gt=0,
         description="How often a running one-node TrainingRun's trainer log is read for progress.",
     )
-    image_pull_policy: str = Field("IfNotPresent", description="Pull policy of both images.")
+    image_pull_policy: str = Field(
+        "IfNotPresent", description="Pull policy of every pod the operator creates."
+    )
     # Kubelet probes on env servers: a ScienceWorld server needs time to start its JVMs.
     startup_probe_period_seconds: int = Field(5, ge=1)
     startup_probe_failure_threshold: int = Field(
@@ -52,9 +54,6 @@ class OperatorSettings(BaseSettings):
     readiness_probe_period_seconds: int = Field(5, ge=1)
     probe_concurrency: int = Field(
         64, ge=1, description="Concurrent /status reads the watchdog makes across all pools."
-    )
-    status_resync_seconds: float = Field(
-        30.0, gt=0, description="How often a suspended pool's status is recomputed."
     )
     field_manager: str = Field("gymkube-operator", description="Server-side apply field manager.")
     network_policy: bool = Field(

@@ -87,8 +87,8 @@ def test_failing_probes_and_apply_errors_mark_the_pool_degraded() -> None:
 
 def test_active_sessions_sum_the_healthy_probes() -> None:
     pods = [
-        PodObservation("pool-0", "u0", 10, False, Probe(None, active=3, capacity=8)),
-        PodObservation("pool-1", "u1", 10, False, Probe(None, active=4, capacity=8)),
+        PodObservation("pool-0", "u0", 10, False, Probe(None, active=3)),
+        PodObservation("pool-1", "u1", 10, False, Probe(None, active=4)),
     ]
     result = status(Observed(workload("StatefulSet", 2, 2), workload("Deployment", 1, 1), pods))
     assert result.active_sessions == 7

@@ -17,7 +17,7 @@ from gymkube_operator.envpool.watchdog import (
 
 pytestmark = pytest.mark.unit
 
-HEALTHY = Probe(None, active=2, capacity=16, served=10)
+HEALTHY = Probe(None, active=2, served=10)
 DEAD = Probe(Failure.NO_ANSWER, "connection refused")
 
 
@@ -111,14 +111,14 @@ def test_never_more_than_max_unavailable_pods_at_once() -> None:
 def test_a_pod_past_max_sessions_is_drained_then_deleted_once_empty() -> None:
     rules = policy(maxSessionsServed=100, maxUnavailable=1)
     memory = Memory()
-    busy = Probe(None, active=3, capacity=16, served=150)
+    busy = Probe(None, active=3, served=150)
     first = decide([pod("old", busy), pod("new", HEALTHY)], memory, rules, [], 0)
     assert [(a.pod, a.reason) for a in first.drain] == [("old", Recycle.MAX_SESSIONS)]
-    draining = Probe(None, active=3, capacity=16, served=150, draining=True)
+    draining = Probe(None, active=3, served=150, draining=True)
     second = decide([pod("old", draining), pod("new", HEALTHY)], memory, rules, [], 5)
     assert second.drain == []
     assert second.recycle == []
-    empty = Probe(None, active=0, capacity=16, served=150, draining=True)
+    empty = Probe(None, active=0, served=150, draining=True)
     third = decide([pod("old", empty), pod("new", HEALTHY)], memory, rules, [], 10)
     assert [(a.pod, a.reason) for a in third.recycle] == [("old", Recycle.DRAINED)]
 
@@ -126,7 +126,7 @@ def test_a_pod_past_max_sessions_is_drained_then_deleted_once_empty() -> None:
 def test_a_drain_that_outlives_its_timeout_is_cut_short() -> None:
     rules = policy(maxAgeSeconds=3600, drainTimeoutSeconds=60)
     memory = Memory()
-    busy = Probe(None, active=5, capacity=16, served=1)
+    busy = Probe(None, active=5, served=1)
     first = decide([pod("old", busy, age=4000)], memory, rules, [], 0)
     assert [a.reason for a in first.drain] == [Recycle.MAX_AGE]
     still = decide([pod("old", busy, age=4030)], memory, rules, [], 30)
@@ -137,7 +137,7 @@ def test_a_drain_that_outlives_its_timeout_is_cut_short() -> None:
 
 def test_recycling_respects_max_unavailable() -> None:
     rules = policy(maxSessionsServed=10, maxUnavailable=1)
-    worn = Probe(None, active=1, capacity=16, served=50)
+    worn = Probe(None, active=1, served=50)
     plan = decide([pod("a", worn), pod("b", worn), pod("c", worn)], Memory(), rules, [], 0)
     assert len(plan.drain) == 1
 
@@ -161,7 +161,7 @@ def status_body(**changes: Any) -> dict[str, Any]:
 def test_judge_reads_load_from_a_healthy_status() -> None:
     probe = judge(status_body(), policy(), now=1010.0)
     assert probe.failure is None
-    assert (probe.active, probe.capacity, probe.served) == (1, 16, 7)
+    assert (probe.active, probe.served) == (1, 7)
 
 
 def test_judge_flags_a_failed_canary() -> None:

@@ -1,7 +1,6 @@
 """Reads each env-server pod's GET /status and turns the answer into a watchdog Probe."""
 
 import asyncio
-import calendar
 import contextlib
 import time
 from collections.abc import Callable
@@ -9,6 +8,7 @@ from collections.abc import Callable
 import aiohttp
 from pydantic import BaseModel, ValidationError
 
+from gymkube_operator.conditions import parse_rfc3339
 from gymkube_operator.envpool.models import WatchdogSpec
 from gymkube_operator.envpool.watchdog import Failure, PodObservation, Probe
 from gymkube_operator.objects import Object
@@ -74,7 +74,6 @@ def judge(body: object, policy: WatchdogSpec, now: float) -> Probe:
         failure,
         message,
         active=status.active,
-        capacity=status.capacity,
         served=status.served,
         draining=status.draining,
     )
@@ -101,7 +100,7 @@ def _age_seconds(pod: Object, now: float) -> float:
     created = pod["metadata"].get("creationTimestamp")
     if not created:
         return 0.0
-    started = calendar.timegm(time.strptime(created, "%Y-%m-%dT%H:%M:%SZ"))
+    started = parse_rfc3339(created).timestamp()
     return max(0.0, now - started)
 
 

@@ -1,8 +1,6 @@
 """Bookkeeping of status.restarts: the record users read and the restart budget counts."""
 
-import calendar
-import time
-
+from gymkube_operator.conditions import parse_rfc3339
 from gymkube_operator.envpool.models import RestartRecord, RestartsStatus
 from gymkube_operator.envpool.watchdog import Action, Failure
 
@@ -10,7 +8,7 @@ KEPT_RECORDS = 20
 
 
 def _epoch(timestamp: str) -> float:
-    return float(calendar.timegm(time.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ")))
+    return parse_rfc3339(timestamp).timestamp()
 
 
 def restart_times(restarts: RestartsStatus) -> list[float]:

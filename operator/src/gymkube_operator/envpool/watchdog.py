@@ -33,7 +33,6 @@ class Probe:
     failure: Failure | None
     message: str = ""
     active: int = 0
-    capacity: int = 0
     served: int = 0
     draining: bool = False
 

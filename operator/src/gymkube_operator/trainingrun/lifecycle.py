@@ -7,7 +7,6 @@ now, so a restarted operator or a missed event changes nothing.
 import dataclasses
 import datetime
 import json
-import re
 from typing import Any
 
 from pydantic import ValidationError
@@ -17,8 +16,10 @@ from gymkube_operator.conditions import (
     ConditionStatus,
     cut,
     find_condition,
+    is_reason,
     now_rfc3339,
     one_line,
+    parse_rfc3339,
     set_condition,
 )
 from gymkube_operator.envpool.reasons import STUCK
@@ -54,7 +55,6 @@ _PHASE_CONDITIONS = (
     (FAILED, (Phase.FAILED,)),
     (SUSPENDED, (Phase.SUSPENDED, Phase.QUEUED)),
 )
-_REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
 # What gymkube-train prints on the trainer's stdout after every step: this, then one JSON object.
 PROGRESS_PREFIX = "gymkube-progress "
 
@@ -109,7 +109,7 @@ class _Outcome:
 
 def reason_word(text: str | None, fallback: str) -> str:
     """A condition reason: the child's own when it is CamelCase, else the fallback."""
-    return text if text and _REASON.match(text) and len(text) <= 1024 else fallback
+    return text if text and is_reason(text) else fallback
 
 
 def reads_progress(status: TrainingRunStatus) -> bool:
@@ -178,7 +178,7 @@ def pool_state(pool: Object | None, pool_name: str) -> tuple[bool, str, str]:
 
 
 def _seconds_since(timestamp: str, now: datetime.datetime) -> float:
-    then = datetime.datetime.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+    then = parse_rfc3339(timestamp)
     return (now - then).total_seconds()
 
 
@@ -469,7 +469,7 @@ def _ttl_wake(spec: TrainingRunSpec, status: TrainingRunStatus, now: datetime.da
     """Seconds until the finished run is due for deletion (0 or less: due now)."""
     assert spec.ttl_seconds_after_finished is not None
     finished = status.completion_time or now_rfc3339(now)
-    ended = datetime.datetime.strptime(finished, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+    ended = parse_rfc3339(finished)
     due = ended + datetime.timedelta(seconds=spec.ttl_seconds_after_finished)
     return (due - now).total_seconds()
 
