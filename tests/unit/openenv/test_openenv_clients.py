@@ -143,3 +143,14 @@ async def test_ms_swift_openenv_scheduler_hooks_play_frozen_lake(procs: Procs) -
     assert all(info["gym_done"] and info["total_reward"] in (0.0, 1.0) for info in outcomes)
     await asyncio.sleep(0.2)
     assert sum(active_sessions(b) for b in backends) == 0
+
+
+def test_step_before_reset_says_a_connection_is_a_session(procs: Procs) -> None:
+    backend = procs.env_server(max_sessions=2)
+    wait_all(backend)
+    with (
+        GenericEnvClient(base_url=backend.url).sync() as env,
+        pytest.raises(RuntimeError, match="EXECUTION_ERROR") as refused,
+    ):
+        env.step({"message": "<action>up</action>"})
+    assert "must reset again" in str(refused.value)

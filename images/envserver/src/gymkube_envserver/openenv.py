@@ -152,6 +152,13 @@ _SESSION_ENDING = {
 }
 
 
+# OpenEnv's client reconnects by itself after a close, onto a new session that was never reset.
+_NEW_SESSION_HINT = (
+    " (each connection is its own session: a client that reconnected after its socket was "
+    "closed must reset again)"
+)
+
+
 class _SessionEnded(Exception):
     def __init__(self, code: CloseCode, message: str) -> None:
         super().__init__(message)
@@ -233,7 +240,10 @@ class OpenEnvSession:
                 if exc.code == ErrorCode.BAD_REQUEST
                 else OpenEnvErrorCode.EXECUTION_ERROR
             )
-            return error_frame(code, exc.message, gymkube_code=exc.code.value)
+            message = exc.message
+            if exc.code == ErrorCode.EPISODE_NOT_STARTED:
+                message += _NEW_SESSION_HINT
+            return error_frame(code, message, gymkube_code=exc.code.value)
         return error_frame(
             OpenEnvErrorCode.UNKNOWN_TYPE,
             f"Unknown message type: {kind!r} (gymkube serves reset, step, state and close)",
