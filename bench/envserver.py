@@ -9,6 +9,14 @@
   interleaved on identical action sequences. Target: at most 1.2x (at most 5 ms added at p50).
 - frozen_lake: steps/s with 64 concurrent sessions on one server process (client in another
   process, keep-alive connections). Target: at least 2,000 steps/s.
+- batch_pattern: what a GRPO rollout does for days: rounds of ``--batch-sessions`` concurrent
+  ScienceWorld episodes (create, reset, 3 steps, close) against (a) gymkube with env reuse, (b)
+  gymkube with ``--reuse false``, (c) AgentGym's model (``--warm 0 --reuse false``, JVM default
+  flags: a new JVM per /create), the three round by round on a settled box, plus the same episodes'
+  steps on warmed in-process envs at the same concurrency. (a) then plays on to 50 rounds for its
+  memory. Targets for rounds after the first, with reuse: create p50 <= 5 ms, reset p50 <= 100 ms,
+  step p50 <= 1.2x in-process, batch wall time >= 10x better than (c); server memory after 50
+  rounds <= 1.3x after round 1.
 - jvm_flags (``--jvm-flags``): JVM start, reset and step times (before and after the warm-pool
   warm-up), warm-up cost and RSS per candidate flag set,
   the measurement behind the server's default ``--jvm-options``.
@@ -28,26 +36,33 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import httpx
+from gymkube_envserver.envs.sciworld import jvm_tool_options
 from gymkube_envserver.settings import DEFAULT_JVM_OPTIONS
 from sections import finish, run_section
 
 CLI = str(Path(sys.executable).with_name("gymkube-envserver"))
+NO_REUSE = ("--reuse", "false")
 RESET_INDICES = [0, 500, 1200, 2100, 3000, 3800, 4400, 250, 1700, 2600, 3300, 4000]
 STEP_ACTIONS = ["look around", "inventory", "look at agent", "wait1", "task", "look around"]
 FROZEN_MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
+SERVER_JVM_OPTIONS = jvm_tool_options(DEFAULT_JVM_OPTIONS, None)
+"""What a server's JVMs run with by default: --jvm-options plus the constant identity hash."""
 JVM_CANDIDATES = {
     "jvm_defaults": "",
     "serial_gc": "-XX:+UseSerialGC",
     "serial_gc_c1": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1",
     "gymkube_default_c1_only": f"{DEFAULT_JVM_OPTIONS} -XX:TieredStopAtLevel=1",
-    "gymkube_default": DEFAULT_JVM_OPTIONS,
+    "gymkube_default_varying_hash": DEFAULT_JVM_OPTIONS,
+    "gymkube_default": SERVER_JVM_OPTIONS,
 }
+BATCH_STEPS = STEP_ACTIONS[:3]
 
 
 def p50(values: list[float]) -> float:
@@ -155,8 +170,11 @@ def bench_create_reset(samples: int) -> dict[str, Any]:
     results: dict[str, list[float]] = {"warm": [], "cold": [], "cold_jvm_defaults": []}
     servers = {
         "warm": (("--env", "sciworld", "--warm", "1", "--max-sessions", "2"), None),
-        "cold": (("--env", "sciworld", "--warm", "0", "--max-sessions", "2"), None),
-        "cold_jvm_defaults": (("--env", "sciworld", "--warm", "0", "--max-sessions", "2"), ""),
+        "cold": (("--env", "sciworld", "--warm", "0", "--max-sessions", "2", *NO_REUSE), None),
+        "cold_jvm_defaults": (
+            ("--env", "sciworld", "--warm", "0", "--max-sessions", "2", *NO_REUSE),
+            "",
+        ),
     }
     with (
         envserver(*servers["warm"][0]) as (warm_url, warm_pid),
@@ -193,7 +211,7 @@ def bench_sciworld_step(steps: int, pairs: int) -> dict[str, Any]:
     way), so the samples come from several pairs, each a new server session and a new
     in-process env, both warmed up and stepped through the actions once before measuring.
     """
-    os.environ["JAVA_TOOL_OPTIONS"] = DEFAULT_JVM_OPTIONS  # same JVM flags as the server's
+    os.environ["JAVA_TOOL_OPTIONS"] = SERVER_JVM_OPTIONS  # same JVM flags as the server's
     from scienceworld import ScienceWorldEnv
 
     data_idx = 1200
@@ -424,7 +442,7 @@ def bench_jvm_flags(rounds: int) -> dict[str, Any]:
             if options:
                 env["JAVA_TOOL_OPTIONS"] = options
             done = subprocess.run(
-                [sys.executable, "-P", __file__, "--probe-jvm"],
+                [sys.executable, __file__, "--probe-jvm"],
                 env=env,
                 capture_output=True,
                 text=True,
@@ -439,7 +457,172 @@ def bench_jvm_flags(rounds: int) -> dict[str, Any]:
     }
 
 
-SECTIONS = ("create_reset", "sciworld_step", "frozen_lake")
+def tree_rss_mib(pid: int) -> float:
+    """Resident memory of a server and its JVMs together."""
+    total_kb = 0
+    for member in process_tree(pid):
+        with suppress(OSError, IndexError):
+            status = Path(f"/proc/{member}/status").read_text()
+            total_kb += int(status.split("VmRSS:")[1].split()[0])
+    return round(total_kb / 1024, 1)
+
+
+async def batch_round(url: str, data_indices: list[int]) -> dict[str, Any]:
+    """One rollout batch: an episode per data_idx, all at once; per-call latencies and wall time."""
+    calls: dict[str, list[float]] = {"create": [], "reset": [], "step": []}
+
+    async def timed(name: str, call: Any) -> Any:
+        began = time.perf_counter()
+        response = (await call).raise_for_status()
+        calls[name].append((time.perf_counter() - began) * 1000)
+        return response.json()
+
+    async def episode(http: httpx.AsyncClient, data_idx: int) -> None:
+        session = (await timed("create", http.post("/create")))["id"]
+        await timed("reset", http.post("/reset", json={"id": session, "data_idx": data_idx}))
+        for action in BATCH_STEPS:
+            await timed("step", http.post("/step", json={"id": session, "action": action}))
+        (await http.post("/close", json={"id": session})).raise_for_status()
+
+    limits = httpx.Limits(max_connections=len(data_indices))
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
+        began = time.perf_counter()
+        await asyncio.gather(*(episode(http, data_idx) for data_idx in data_indices))
+        wall_ms = (time.perf_counter() - began) * 1000
+    return {"wall_ms": wall_ms, **calls}
+
+
+def in_process_round(envs: list[Any], entries: list[tuple[str, int]]) -> list[float]:
+    """The batch's episodes on warmed in-process envs, one thread each: step latencies (ms)."""
+
+    def episode(env: Any, task: str, variation: int) -> list[float]:
+        env.load(task, variation)
+        env.get_task_description()
+        env.step("look around")
+        latencies = []
+        for action in BATCH_STEPS:
+            began = time.perf_counter()
+            env.step(action)
+            latencies.append((time.perf_counter() - began) * 1000)
+        return latencies
+
+    with ThreadPoolExecutor(len(envs)) as threads:
+        played = threads.map(episode, envs, *zip(*entries, strict=True))
+        return [latency for latencies in played for latency in latencies]
+
+
+def task_entry(tasks: dict[str, Any], data_idx: int) -> tuple[str, int]:
+    task = next(
+        t for t in tasks["tasks"] if t["first_idx"] <= data_idx < t["first_idx"] + t["count"]
+    )
+    return task["name"], data_idx - task["first_idx"]
+
+
+def summarize_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """p50 per call over the rounds given, and the p50 batch wall time."""
+    summary = {f"{name}_p50_ms": p50([v for r in rounds for v in r[name]]) for name in CALLS}
+    return summary | {"batch_wall_p50_ms": p50([r["wall_ms"] for r in rounds])}
+
+
+CALLS = ("create", "reset", "step")
+
+
+def bench_batch_pattern(sessions: int, rounds: int, memory_rounds: int) -> dict[str, Any]:
+    from scienceworld import ScienceWorldEnv
+
+    os.environ["JAVA_TOOL_OPTIONS"] = SERVER_JVM_OPTIONS  # the in-process envs: the server's flags
+    batch = ("--env", "sciworld", "--max-sessions", str(sessions), "--log-level", "warning")
+    setups = {
+        "a_reuse": ((*batch, "--warm", "2"), None),
+        "b_reuse_off": ((*batch, "--warm", "2", *NO_REUSE), None),
+        "c_agentgym_model": ((*batch, "--warm", "0", *NO_REUSE), ""),
+    }
+    played: dict[str, list[dict[str, Any]]] = {name: [] for name in setups}
+    memory: dict[str, list[float]] = {name: [] for name in setups}
+    local_steps: list[float] = []
+
+    def indices(round_number: int) -> list[int]:
+        offset = round_number * sessions
+        return [
+            RESET_INDICES[(offset + k) % len(RESET_INDICES)] + round_number for k in range(sessions)
+        ]
+
+    with (
+        envserver(*setups["a_reuse"][0]) as (url_a, pid_a),
+        envserver(*setups["b_reuse_off"][0]) as (url_b, pid_b),
+        envserver(*setups["c_agentgym_model"][0], jvm_options="") as (url_c, pid_c),
+    ):
+        servers = {
+            "a_reuse": (url_a, pid_a),
+            "b_reuse_off": (url_b, pid_b),
+            "c_agentgym_model": (url_c, pid_c),
+        }
+        pids = [pid_a, pid_b, pid_c]
+        tasks = httpx.get(f"{url_a}/tasks").json()
+        local_envs = [ScienceWorldEnv() for _ in range(sessions)]
+        for env in local_envs:
+            warm_up_like_the_server(env)
+        for number in range(memory_rounds):
+            # Side by side for the first rounds; then (a) alone, for its memory over many rounds.
+            names = list(setups) if number < rounds else ["a_reuse"]
+            for name in names:
+                url, pid = servers[name]
+                settle(pids)
+                played[name].append(asyncio.run(batch_round(url, indices(number))))
+                memory[name].append(tree_rss_mib(pid))
+            if number < rounds:
+                settle(pids)
+                entries = [task_entry(tasks, data_idx) for data_idx in indices(number)]
+                local_steps.extend(in_process_round(local_envs, entries))
+        statuses = {name: httpx.get(f"{url}/status").json() for name, (url, _) in servers.items()}
+        for env in local_envs:
+            env.close()
+    later = {name: summarize_rounds(runs[1:rounds]) for name, runs in played.items()}
+    local_p50 = p50(local_steps[len(local_steps) // rounds :])  # rounds after the first
+    reuse, agentgym = later["a_reuse"], later["c_agentgym_model"]
+    return {
+        "sessions_per_round": sessions,
+        "rounds_side_by_side": rounds,
+        "steps_per_episode": len(BATCH_STEPS),
+        "first_round": {name: summarize_rounds(runs[:1]) for name, runs in played.items()},
+        "later_rounds": later,
+        "in_process_step_p50_ms": local_p50,
+        "step_ratio_vs_in_process": round(reuse["step_p50_ms"] / local_p50, 2),
+        "batch_wall_speedup_vs_agentgym_model": round(
+            agentgym["batch_wall_p50_ms"] / reuse["batch_wall_p50_ms"], 1
+        ),
+        "batch_wall_speedup_vs_reuse_off": round(
+            later["b_reuse_off"]["batch_wall_p50_ms"] / reuse["batch_wall_p50_ms"], 1
+        ),
+        "server_rss_mib": {
+            name: {
+                "after_round_1": values[0],
+                "after_last_round": values[-1],
+                "rounds": len(values),
+            }
+            for name, values in memory.items()
+        },
+        "a_reuse_rss_mib_by_round": {
+            number: memory["a_reuse"][number - 1]
+            for number in (1, 2, 5, 10, 25, 50)
+            if number <= len(memory["a_reuse"])
+        },
+        "memory_growth_a_reuse": round(memory["a_reuse"][-1] / memory["a_reuse"][0], 2),
+        "envs": {
+            name: {key: status[key] for key in ("envs_started", "envs_reused", "envs_retired")}
+            for name, status in statuses.items()
+        },
+        "targets": {
+            "create_p50_ms": 5,
+            "reset_p50_ms": 100,
+            "step_ratio_vs_in_process": 1.2,
+            "batch_wall_speedup_vs_agentgym_model": 10,
+            "memory_growth_after_50_rounds": 1.3,
+        },
+    }
+
+
+SECTIONS = ("create_reset", "sciworld_step", "frozen_lake", "batch_pattern")
 
 
 def load_average() -> list[float]:
@@ -452,6 +635,12 @@ def main() -> None:
     parser.add_argument("--jvm-flags", action="store_true", help="also compare JVM flag sets")
     parser.add_argument(
         "--only", nargs="+", choices=(*SECTIONS, "jvm_flags"), help="run only these sections"
+    )
+    parser.add_argument(
+        "--batch-sessions",
+        type=int,
+        default=8,
+        help="concurrent episodes per batch_pattern round (the servers' --max-sessions)",
     )
     parser.add_argument("--probe-jvm", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -470,6 +659,9 @@ def main() -> None:
         "create_reset": lambda: bench_create_reset(4 if args.quick else 10),
         "sciworld_step": lambda: bench_sciworld_step(*((12, 1) if args.quick else (90, 3))),
         "frozen_lake": lambda: bench_frozen_lake(64, 3.0 if args.quick else 10.0),
+        "batch_pattern": lambda: bench_batch_pattern(
+            args.batch_sessions, *((2, 3) if args.quick else (4, 50))
+        ),
         "jvm_flags": lambda: bench_jvm_flags(1 if args.quick else 3),
     }
     for name, measure in sections.items():
