@@ -9,8 +9,10 @@ import time
 
 import pytest
 from gymkube_envserver.openenv import CloseCode
+from gymkube_envserver.router.settings import RouterSettings
 from openenv.core.generic_client import GenericEnvClient
 from openenv_sudoku import openenv_sudoku_server
+from pydantic import ValidationError
 from router_harness import Proc, Procs
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
@@ -81,3 +83,8 @@ async def test_a_killed_openenv_server_closes_its_sockets_with_session_lost(proc
     assert codes.count("alive") == CAPACITY
     for ws in sockets:
         await ws.close()
+
+
+def test_openenv_backends_need_a_capacity() -> None:
+    with pytest.raises(ValidationError, match="needs --backend-capacity"):
+        RouterSettings(backends=["127.0.0.1:8001"], backend_protocol="openenv")
