@@ -36,6 +36,7 @@ from verl.utils.rollout_trace import rollout_trace_op
 from gymkube_agentloop.client import EnvCallError, EnvClient, fetch_tasks
 from gymkube_agentloop.episode import Ending, EnvEpisode, Turn
 from gymkube_agentloop.protocol import TasksReply, validation_problems
+from gymkube_agentloop.rows import AGENT_NAME, parse_item_id
 from gymkube_agentloop.settings import AgentLoopSettings, RewardMode
 from gymkube_agentloop.templates import (
     ObservationKeep,
@@ -46,7 +47,6 @@ from gymkube_agentloop.templates import (
 
 logger = logging.getLogger(__name__)
 
-AGENT_NAME = "gymkube_env"
 DEFAULT_MAX_TURNS = 20
 # Context merges of messages up to this many characters run inline, longer ones in a thread.
 INLINE_MERGE_CHARS = 2000
@@ -376,10 +376,10 @@ class GymkubeEnvAgentLoop(AgentLoopBase):
     def _parse_row(self, fields: dict[str, Any], tasks: TasksReply) -> _Row:
         extra_info = _plain(fields.get("extra_info")) or {}
         item_id = str(fields.get("item_id") or "")
-        env, _, idx_text = item_id.rpartition("_")
-        if not env or not idx_text.lstrip("-").isdigit():
-            raise BadRowError(f"item_id must look like <env>_<data_idx>, got {item_id!r}")
-        data_idx = int(idx_text)
+        try:
+            env, data_idx = parse_item_id(item_id)
+        except ValueError as error:
+            raise BadRowError(str(error)) from None
         if env != tasks.env:
             raise BadRowError(f"row {item_id!r} is for env {env!r}, the pool serves {tasks.env!r}")
         if not 0 <= data_idx < tasks.count:

@@ -28,10 +28,10 @@ from gymkube_agentloop.cli import (
 )
 from gymkube_agentloop.client import EnvClientSettings, close_shared_session
 from gymkube_agentloop.protocol import TasksReply
+from gymkube_agentloop.rows import AGENT_NAME, item_id
 from gymkube_agentloop.templates import PromptTemplate
 
 PROG = "gymkube-dataset"
-AGENT_NAME = "gymkube_env"
 
 
 def sample_indices(pool: list[int], size: int, seed: int) -> list[int]:
@@ -62,7 +62,7 @@ def build_rows(
         {
             "data_source": tasks.env,
             "agent_name": agent_name,
-            "item_id": f"{tasks.env}_{data_idx}",
+            "item_id": item_id(tasks.env, data_idx),
             "prompt": template.opening(),
             "ability": "agent",
             # The loop sets reward_score itself; this only satisfies reward managers that look.

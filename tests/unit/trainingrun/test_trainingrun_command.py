@@ -202,7 +202,7 @@ def test_ray_entrypoint_is_the_same_command_as_one_shell_string() -> None:
 
 
 def test_agent_loop_yaml_names_the_gymkube_loop_with_settings_it_accepts() -> None:
-    from gymkube_agentloop.agent_loop import AGENT_NAME
+    from gymkube_agentloop.rows import AGENT_NAME
     from gymkube_agentloop.settings import AgentLoopSettings
     from verl.experimental.agent_loop.agent_loop import AgentLoopBase
 
