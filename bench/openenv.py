@@ -42,7 +42,7 @@ sys.path.append(str(BENCH))
 
 from openenv_sudoku import GAME, openenv_sudoku_server  # noqa: E402
 from router import cpu_seconds  # noqa: E402
-from router_harness import Proc, Procs, wait_all  # noqa: E402
+from router_harness import Proc, Procs  # noqa: E402
 from sections import finish, run_async_section  # noqa: E402
 
 MOVES_PER_EPISODE = 20
@@ -189,7 +189,9 @@ ROUTES = ("openenv_server", "gymkube_server", "gymkube_via_router")
 
 async def bench_load(procs: Procs, sessions: int, window: float, rounds: int) -> dict[str, Any]:
     capacity = str(sessions + 4)
+    # One at a time: on a busy machine three servers importing at once outlast the harness's wait.
     openenv = procs.start(openenv_sudoku_server(int(capacity)))
+    openenv.wait_ready("/health")
     gymkube = procs.start(
         Proc(
             "gymkube env server",
@@ -208,9 +210,9 @@ async def bench_load(procs: Procs, sessions: int, window: float, rounds: int) ->
             ],
         )
     )
+    gymkube.wait_ready()
     router = procs.router_for([gymkube], fast_polling=False)
-    openenv.wait_ready("/health")
-    wait_all(gymkube, router)
+    router.wait_ready()
     assert openenv.popen
     assert gymkube.popen
     assert router.popen
