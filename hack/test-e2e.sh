@@ -3,9 +3,10 @@
 # afterwards), the images `make images` built loaded into it, then tests/e2e.
 #
 # GYMKUBE_E2E_CLUSTER picks the cluster:
-#   auto (default)  a kind cluster that is up; else kind when a node image can be had (kind's own
-#                   where Docker can pull it, else `hack/kind-node-image.sh` builds one here);
-#                   else the local single-node cluster (hack/local-cluster.sh)
+#   auto (default)  a kind cluster that is up; else the local cluster when it is up; else kind when
+#                   a node image can be had (kind's own where Docker can pull it, else
+#                   `hack/kind-node-image.sh` builds one here); else the local single-node cluster
+#                   (hack/local-cluster.sh). The same order as `make up` (hack/up.py).
 #   kind | local    that one, or fail
 # On any other cluster run the suite directly (docs/cluster.md).
 set -euo pipefail
@@ -25,9 +26,11 @@ choose_cluster() {
 	case ${GYMKUBE_E2E_CLUSTER:-auto} in
 	kind | local) echo "$GYMKUBE_E2E_CLUSTER" ;;
 	auto)
-		if hack/ensure-docker.sh >/dev/null 2>&1 && { kind_cluster_exists || kind_node_image >/dev/null; }; then
+		if hack/ensure-docker.sh >/dev/null 2>&1 && kind_cluster_exists; then
 			echo kind
-		elif hack/kind-node-image.sh >/dev/null; then
+		elif hack/local-cluster.sh status >/dev/null 2>&1; then
+			echo local
+		elif kind_node_image >/dev/null || hack/kind-node-image.sh >/dev/null; then
 			echo kind
 		else
 			say "kind's node image cannot be had or built here; using the local cluster"
