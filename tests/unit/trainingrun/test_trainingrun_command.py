@@ -18,7 +18,7 @@ from typing import Any, get_args
 
 import pytest
 import yaml
-from gymkube_operator.trainingrun import command, device, lifecycle
+from gymkube_operator.trainingrun import command, device, readings
 from gymkube_operator.trainingrun.command import Run, RunTarget
 from gymkube_operator.trainingrun.models import Algorithm, TrainingRunSpec
 from hydra import compose, initialize_config_dir
@@ -312,7 +312,7 @@ def test_preflight_summary_reaches_the_termination_log_compact(
     assert summary == json.loads(result.stdout)
     assert summary["ok"] is True
     assert summary["episodes"] == 2
-    assert lifecycle.parse_summary(termination) == (summary, None)
+    assert readings.parse_summary(termination) == (summary, None)
 
 
 def test_a_failing_preflight_keeps_its_exit_code(
@@ -389,8 +389,8 @@ def test_the_progress_line_gymkube_train_prints_is_the_one_the_operator_reads() 
         checkpoint="/checkpoints/run/global_step_2",
         time="2026-12-01T10:00:00Z",
     )
-    assert lifecycle.PROGRESS_PREFIX == train.PROGRESS_PREFIX
-    read = lifecycle.parse_progress(f"(TaskRunner pid=1) step:3\n{printed.line()}\n")
+    assert readings.PROGRESS_PREFIX == train.PROGRESS_PREFIX
+    read = readings.parse_progress(f"(TaskRunner pid=1) step:3\n{printed.line()}\n")
     assert read is not None
     assert read.to_api() == printed.model_dump(by_alias=True)
 

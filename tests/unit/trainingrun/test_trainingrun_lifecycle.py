@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from gymkube_operator.conditions import MAX_LINE
 from gymkube_operator.objects import Object
-from gymkube_operator.trainingrun import lifecycle
+from gymkube_operator.trainingrun import lifecycle, readings
 from gymkube_operator.trainingrun.command import Run
 from gymkube_operator.trainingrun.lifecycle import Observed, Plan
 from gymkube_operator.trainingrun.models import (
@@ -373,10 +373,10 @@ def test_progress_is_the_last_progress_line_of_the_log() -> None:
             "",
         ]
     )
-    found = lifecycle.parse_progress(log)
+    found = readings.parse_progress(log)
     assert found == TrainingProgress(step=2, total_steps=4, mean_reward=0.5, eta_seconds=62.4)
-    assert lifecycle.parse_progress("no progress yet\n") is None
-    assert lifecycle.parse_progress(None) is None
+    assert readings.parse_progress("no progress yet\n") is None
+    assert readings.parse_progress(None) is None
 
 
 def test_every_field_of_a_progress_line_but_the_step_may_be_null_or_absent() -> None:
@@ -392,13 +392,13 @@ def test_every_field_of_a_progress_line_but_the_step_may_be_null_or_absent() -> 
         checkpoint="/checkpoints/run/global_step_1",
         time="2026-12-01T10:00:00Z",
     )
-    full = lifecycle.parse_progress(line)
+    full = readings.parse_progress(line)
     assert full is not None
     assert full.to_api() == json.loads(line.removeprefix("gymkube-progress "))
-    bare = lifecycle.parse_progress(progress_line(3, meanReward=None, etaSeconds=None))
+    bare = readings.parse_progress(progress_line(3, meanReward=None, etaSeconds=None))
     assert bare == TrainingProgress(step=3)
-    assert lifecycle.parse_progress(progress_line(-1)) is None
-    assert lifecycle.parse_progress('gymkube-progress {"step": 1, "meanReward": NaN}') is None
+    assert readings.parse_progress(progress_line(-1)) is None
+    assert readings.parse_progress('gymkube-progress {"step": 1, "meanReward": NaN}') is None
 
 
 def running_job() -> Object:
@@ -605,7 +605,7 @@ def test_the_preflight_summary_is_one_line_in_the_condition_and_whole_in_the_sta
         "mean_score": 0.4375,
         "mean_steps": 12.5,
     }
-    assert lifecycle.preflight_line(summary) == (
+    assert readings.preflight_line(summary) == (
         "8 episodes (done 5, max_turns 2, env_lost 1); mean score 0.44; p50 ms: create 3, step 12; "
         "env errors: session_lost 1; first failure: task 3 env_lost: gone"
     )
@@ -617,7 +617,7 @@ def test_the_preflight_summary_is_one_line_in_the_condition_and_whole_in_the_sta
         "mean_score": "high",
         "x": "y" * 9000,
     }
-    assert lifecycle.preflight_line(odd) == "2 episodes; env errors: none"
+    assert readings.preflight_line(odd) == "2 episodes; env errors: none"
     first = step(Observed(pool=pool()))
     failed = job("grpo-preflight", ("Failed", "BackoffLimitExceeded"))
     plan = step(

@@ -18,7 +18,7 @@ from gymkube_operator.labels import RUN_LABEL
 from gymkube_operator.objects import Object
 from gymkube_operator.runtime import UNTIL_WOKEN, Runtime, namespaced, reconcile_until_stopped
 from gymkube_operator.settings import OperatorSettings
-from gymkube_operator.trainingrun import command, lifecycle, overrides, render
+from gymkube_operator.trainingrun import command, lifecycle, overrides, readings, render
 from gymkube_operator.trainingrun.models import KIND, PLURAL, TrainingRunSpec, TrainingRunStatus
 
 logger = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ async def _job_pods(rt: Runtime, namespace: str, job: str) -> list[Object]:
 async def _termination_message(rt: Runtime, namespace: str, job: str) -> str | None:
     """The preflight container's termination message from the Job's newest finished pod."""
     for pod in await _job_pods(rt, namespace, job):
-        status = lifecycle.container_status(pod, render.PREFLIGHT) or {}
+        status = readings.container_status(pod, render.PREFLIGHT) or {}
         terminated = (status.get("state") or {}).get("terminated") or {}
         if "message" in terminated:
             message: str = terminated["message"]
@@ -51,7 +51,7 @@ async def _trainer(rt: Runtime, namespace: str, job: str) -> tuple[Object | None
     (None when the kubelet cannot give it now: progress waits for the next read)."""
     pods = await _job_pods(rt, namespace, job)
     newest = pods[0] if pods else None
-    if newest is None or not lifecycle.trainer_started(newest):
+    if newest is None or not readings.trainer_started(newest):
         return newest, None
     pod = newest["metadata"]["name"]
     try:
@@ -88,7 +88,7 @@ async def observe(
     if spec.preflight.enabled and training is None:
         job_name = render.preflight_job_name(name)
         preflight_job = await rt.client.get("batch/v1", "Job", namespace, job_name)
-        if preflight_job is not None and lifecycle.job_finished(preflight_job):
+        if preflight_job is not None and readings.job_finished(preflight_job):
             message = await _termination_message(rt, namespace, job_name)
     return lifecycle.Observed(
         pool=pool,
