@@ -17,6 +17,8 @@ from router_harness import Proc, Procs
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+pytestmark = pytest.mark.unit
+
 CAPACITY = 2
 
 

@@ -17,6 +17,8 @@ from swift.infer_engine.protocol import (
 from swift.rollout.multi_turn import OpenEnvScheduler
 from swift.rollout.openenv_wrapper import OpenEnvWrapper
 
+pytestmark = pytest.mark.unit
+
 MOVES = ["right", "down", "left", "down", "right", "up"]
 SUDOKU = "textarena:Sudoku-v0"
 

@@ -15,6 +15,8 @@ from router_harness import Proc, Procs, active_sessions, wait_all
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+pytestmark = pytest.mark.unit
+
 MOVES = ["right", "down", "left", "down", "right", "up"]
 SOCKETS = 16
 LOST_WITHIN_S = 2.0

@@ -16,6 +16,8 @@ from swift.rollout.gym_env import Env, envs
 from swift.rollout.multi_turn import GYMScheduler
 from swift.utils.utils import import_external_file
 
+pytestmark = pytest.mark.unit
+
 MOVES = ["right", "down", "left", "down", "right", "up"]
 
 
