@@ -4,6 +4,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import kopf
@@ -27,6 +28,7 @@ logger = logging.getLogger(__name__)
 PoolKey = tuple[str, str]
 WAKE_DEBOUNCE_SECONDS = 0.2
 PoolIndex = kopf.Index[PoolKey, Object]
+Keyed = Callable[[str | None, kopf.Labels, Object], dict[PoolKey, Object]]
 # The status fields of a StatefulSet or Deployment the pool status reads; indexes keep only these
 # (and only what the watchdog reads of pods, envpool.pods.slim_pod) to bound the operator's memory.
 WORKLOAD_STATUS = (
@@ -198,34 +200,36 @@ async def reconcile_once(rt: Runtime, state: PoolState, pool: Pool, body: kopf.B
     """One pass: observe → decide → act → status. Returns the seconds until the next pass."""
     observed = await _observe(rt, state, pool)
     previous = state.previous(body)
-    plan = decide(
-        observed.pods or [],
-        state.memory,
-        pool.spec.watchdog,
-        restart_times(previous.restarts),
-        time.time(),
-    )
+    restarts = restart_times(previous.restarts)
+    plan = decide(observed.pods, state.memory, pool.spec.watchdog, restarts, time.time())
     done = await _act(rt, plan, pool, body)
-    observed = dataclasses.replace(
-        observed, budget_exhausted=plan.budget_exhausted and bool(plan.held)
-    )
+    held = plan.budget_exhausted and bool(plan.held)
     status = compute_status(
         name=pool.name,
         namespace=pool.namespace,
         generation=pool.generation,
         spec=pool.spec,
         previous=previous,
-        observed=observed,
+        observed=dataclasses.replace(observed, budget_exhausted=held),
         restarts=record_actions(previous.restarts, done, now_rfc3339()),
         now=now_rfc3339(),
     )
-    if status != previous:
-        written = await rt.client.patch_status(
-            f"{GROUP}/{VERSION}", "EnvPool", pool.namespace, pool.name, status.to_api()
-        )
-        state.written = EnvPoolStatus.model_validate(written.get("status") or {})
+    await _write_status(rt, state, pool, previous, status)
     _announce_degradation(body, previous, status)
     return pool.spec.watchdog.probe_period_seconds
+
+
+async def _write_status(
+    rt: Runtime, state: PoolState, pool: Pool, previous: EnvPoolStatus, status: EnvPoolStatus
+) -> None:
+    """Patch the status only when it changed: a steady pool costs the API server no writes."""
+    if status == previous:
+        return
+    api_version = f"{GROUP}/{VERSION}"
+    written = await rt.client.patch_status(
+        api_version, "EnvPool", pool.namespace, pool.name, status.to_api()
+    )
+    state.written = EnvPoolStatus.model_validate(written.get("status") or {})
 
 
 def _announce_degradation(body: kopf.Body, before: EnvPoolStatus, after: EnvPoolStatus) -> None:
@@ -238,27 +242,10 @@ def _announce_degradation(body: kopf.Body, before: EnvPoolStatus, after: EnvPool
         kopf.event(body, type="Warning", reason=new.reason, message=new.message)
 
 
-def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
-    """Register the EnvPool handlers on a registry (tests build their own runtime and registry).
+def _register_indexes(registry: kopf.OperatorRegistry, keyed: Keyed) -> None:
+    """Indexes of each pool's StatefulSet, router Deployment and env-server pods: they replace API
+    reads in each pass. Async, so they run on the event loop."""
 
-    One daemon per pool does every pass, so a pool is never reconciled twice at once; events on
-    the pool and its children only wake it."""
-    pools: dict[PoolKey, PoolState] = {}
-
-    def wake(key: PoolKey) -> None:
-        if (state := pools.get(key)) is not None:
-            state.wake.set()
-
-    def keyed(namespace: str | None, labels: kopf.Labels, value: Object) -> dict[PoolKey, Object]:
-        key = (namespaced(namespace), labels[POOL_LABEL])
-        wake(key)  # a child changed: the pool's status follows within moments
-        return {key: value}
-
-    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
-    def envpool_changed(namespace: str | None, name: str, **_: Any) -> None:
-        wake((namespaced(namespace), name))
-
-    # Indexes replace API reads in each pass; async, so they run on the event loop.
     @kopf.index(
         "statefulsets",
         id="envpool_statefulsets",
@@ -286,6 +273,29 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
         namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
     ) -> dict[PoolKey, Object]:
         return {(namespaced(namespace), labels[POOL_LABEL]): pods.slim_pod(dict(body))}
+
+
+def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
+    """Register the EnvPool handlers on a registry (tests build their own runtime and registry).
+
+    One daemon per pool does every pass, so a pool is never reconciled twice at once; events on
+    the pool and its children only wake it."""
+    pools: dict[PoolKey, PoolState] = {}
+
+    def wake(key: PoolKey) -> None:
+        if (state := pools.get(key)) is not None:
+            state.wake.set()
+
+    def keyed(namespace: str | None, labels: kopf.Labels, value: Object) -> dict[PoolKey, Object]:
+        key = (namespaced(namespace), labels[POOL_LABEL])
+        wake(key)  # a child changed: the pool's status follows within moments
+        return {key: value}
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    def envpool_changed(namespace: str | None, name: str, **_: Any) -> None:
+        wake((namespaced(namespace), name))
+
+    _register_indexes(registry, keyed)
 
     # On stop a daemon finishes its current pass (at most a probe timeout) and exits.
     @kopf.daemon(
