@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from gymkube_operator.labels import COMPONENT_LABEL, POOL_LABEL
 from kubernetes import config
 from kubernetes.client.exceptions import ApiException
 from pydantic import Field
@@ -346,8 +347,6 @@ class Cluster:
 
 # --- gymkube objects the tests create --------------------------------------------------------
 
-POOL_LABEL = "gymkube.io/envpool"
-COMPONENT_LABEL = "app.kubernetes.io/component"
 ENVSERVER_PORT = 8000
 
 
