@@ -60,6 +60,9 @@ JVM_CANDIDATES = {
     "serial_gc_c1": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1",
     "gymkube_default_c1_only": f"{DEFAULT_JVM_OPTIONS} -XX:TieredStopAtLevel=1",
     "gymkube_default_varying_hash": DEFAULT_JVM_OPTIONS,
+    "gymkube_default_xmx512m": jvm_tool_options(
+        DEFAULT_JVM_OPTIONS.replace("-Xmx256m", "-Xmx512m"), None
+    ),
     "gymkube_default": SERVER_JVM_OPTIONS,
 }
 BATCH_STEPS = STEP_ACTIONS[:3]
@@ -492,23 +495,28 @@ async def batch_round(url: str, data_indices: list[int]) -> dict[str, Any]:
     return {"wall_ms": wall_ms, **calls}
 
 
-def in_process_round(envs: list[Any], entries: list[tuple[str, int]]) -> list[float]:
-    """The batch's episodes on warmed in-process envs, one thread each: step latencies (ms)."""
+def in_process_round(
+    envs: list[Any], entries: list[tuple[str, int]]
+) -> tuple[list[float], list[float]]:
+    """The batch's episodes on warmed in-process envs, one thread each: reset (the server's: load,
+    task description, look around) and step latencies in ms."""
 
-    def episode(env: Any, task: str, variation: int) -> list[float]:
+    def episode(env: Any, task: str, variation: int) -> tuple[float, list[float]]:
+        began = time.perf_counter()
         env.load(task, variation)
         env.get_task_description()
         env.step("look around")
+        reset_ms = (time.perf_counter() - began) * 1000
         latencies = []
         for action in BATCH_STEPS:
             began = time.perf_counter()
             env.step(action)
             latencies.append((time.perf_counter() - began) * 1000)
-        return latencies
+        return reset_ms, latencies
 
     with ThreadPoolExecutor(len(envs)) as threads:
-        played = threads.map(episode, envs, *zip(*entries, strict=True))
-        return [latency for latencies in played for latency in latencies]
+        played = list(threads.map(episode, envs, *zip(*entries, strict=True)))
+    return [reset for reset, _ in played], [step for _, steps in played for step in steps]
 
 
 def task_entry(tasks: dict[str, Any], data_idx: int) -> tuple[str, int]:
@@ -539,6 +547,7 @@ def bench_batch_pattern(sessions: int, rounds: int, memory_rounds: int) -> dict[
     }
     played: dict[str, list[dict[str, Any]]] = {name: [] for name in setups}
     memory: dict[str, list[float]] = {name: [] for name in setups}
+    local_resets: list[float] = []
     local_steps: list[float] = []
 
     def indices(round_number: int) -> list[int]:
@@ -573,12 +582,15 @@ def bench_batch_pattern(sessions: int, rounds: int, memory_rounds: int) -> dict[
             if number < rounds:
                 settle(pids)
                 entries = [task_entry(tasks, data_idx) for data_idx in indices(number)]
-                local_steps.extend(in_process_round(local_envs, entries))
+                resets, steps = in_process_round(local_envs, entries)
+                local_resets.extend(resets)
+                local_steps.extend(steps)
         statuses = {name: httpx.get(f"{url}/status").json() for name, (url, _) in servers.items()}
         for env in local_envs:
             env.close()
     later = {name: summarize_rounds(runs[1:rounds]) for name, runs in played.items()}
     local_p50 = p50(local_steps[len(local_steps) // rounds :])  # rounds after the first
+    local_reset_p50 = p50(local_resets[len(local_resets) // rounds :])
     reuse, agentgym = later["a_reuse"], later["c_agentgym_model"]
     return {
         "sessions_per_round": sessions,
@@ -587,6 +599,8 @@ def bench_batch_pattern(sessions: int, rounds: int, memory_rounds: int) -> dict[
         "first_round": {name: summarize_rounds(runs[:1]) for name, runs in played.items()},
         "later_rounds": later,
         "in_process_step_p50_ms": local_p50,
+        # A full look-around step where the server's reset skips the valid-action queries.
+        "in_process_reset_p50_ms": local_reset_p50,
         "step_ratio_vs_in_process": round(reuse["step_p50_ms"] / local_p50, 2),
         "batch_wall_speedup_vs_agentgym_model": round(
             agentgym["batch_wall_p50_ms"] / reuse["batch_wall_p50_ms"], 1

@@ -111,7 +111,7 @@ class EnvReuseSpec(CamelModel):
         description="Replace an env once it has played this many episodes; 0 never.",
     )
     recycle_rss_mib: int = Field(
-        1024,
+        768,
         ge=0,
         le=1_048_576,
         description=(
