@@ -7,9 +7,15 @@ import json
 import signal
 import time
 
+import aiohttp
 import pytest
 from gymkube_envserver.openenv import CloseCode
 from gymkube_envserver.router.settings import RouterSettings
+from gymkube_operator.envpool import builders
+from gymkube_operator.envpool.models import OPENENV, EnvPoolSpec, WatchdogSpec
+from gymkube_operator.envpool.openenv_probe import probe_openenv_server
+from gymkube_operator.envpool.watchdog import Failure
+from gymkube_operator.settings import OperatorSettings
 from openenv.core.generic_client import GenericEnvClient
 from openenv_sudoku import openenv_sudoku_server
 from pydantic import ValidationError
@@ -90,3 +96,44 @@ async def test_a_killed_openenv_server_closes_its_sockets_with_session_lost(proc
 def test_openenv_backends_need_a_capacity() -> None:
     with pytest.raises(ValidationError, match="needs --backend-capacity"):
         RouterSettings(backends=["127.0.0.1:8001"], backend_protocol="openenv")
+
+
+def _byo_spec() -> EnvPoolSpec:
+    return EnvPoolSpec.model_validate(
+        {"env": OPENENV, "image": "reg/openenv-sudoku:1", "sessionsPerReplica": 8}
+    )
+
+
+def test_a_byo_pool_runs_the_image_as_an_openenv_server() -> None:
+    pool = builders.owner("sudoku", "ns", "uid-1")
+    settings = OperatorSettings(envserver_image="reg/envserver:1", router_image="reg/router:1")
+    [server] = builders.build_statefulset(pool, _byo_spec(), settings)["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert server["image"] == "reg/openenv-sudoku:1"
+    assert "args" not in server  # the image's own command
+    assert {"name": "MAX_CONCURRENT_ENVS", "value": "8"} in server["env"]
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        assert server[probe]["httpGet"]["path"] == "/health"
+    assert "lifecycle" not in server  # no gymkube drain endpoint to call
+    [router] = builders.build_router_deployment(pool, _byo_spec(), settings)["spec"]["template"][
+        "spec"
+    ]["containers"]
+    assert router["args"][-4:] == ["--backend-protocol", "openenv", "--backend-capacity", "8"]
+
+
+async def test_the_watchdog_probe_of_an_openenv_server(procs: Procs) -> None:
+    server = procs.start(openenv_sudoku_server(CAPACITY))
+    server.wait_ready("/health")
+    policy = WatchdogSpec.model_validate(
+        {"probeTimeoutSeconds": 1, "canaryIntervalSeconds": 1, "canaryTimeoutSeconds": 5}
+    )
+    async with aiohttp.ClientSession() as session:
+        healthy = await probe_openenv_server(session, server.url, policy)
+        assert healthy.failure is None, healthy.message
+        server.signal(signal.SIGSTOP)
+        try:
+            frozen = await probe_openenv_server(session, server.url, policy)
+        finally:
+            server.signal(signal.SIGCONT)
+        assert frozen.failure == Failure.NO_ANSWER

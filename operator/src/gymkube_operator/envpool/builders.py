@@ -3,7 +3,7 @@
 import json
 from typing import Any
 
-from gymkube_operator.envpool.models import KIND, EnvPoolSpec
+from gymkube_operator.envpool.models import KIND, OPENENV, EnvPoolSpec
 from gymkube_operator.kinds import ResourceRequirements
 from gymkube_operator.labels import COMPONENT_LABEL, POOL_CLIENT_LABEL, POOL_LABEL
 from gymkube_operator.objects import RESTRICTED_CONTAINER, RESTRICTED_POD, Object, Owner, merge
@@ -169,7 +169,6 @@ def build_statefulset(pool: Owner, spec: EnvPoolSpec, settings: OperatorSettings
         settings,
     )
     container["resources"] = _resources(spec.resources)
-    container["ports"].append({"name": ADMIN_PORT_NAME, "containerPort": spec.admin_port})
     container["startupProbe"] = _http_probe(
         "/healthz",
         settings.startup_probe_period_seconds,
@@ -178,8 +177,12 @@ def build_statefulset(pool: Owner, spec: EnvPoolSpec, settings: OperatorSettings
     # A server that exits on a bad env or setting says why in its last log lines: the kubelet puts
     # them into the pod status, where the watchdog reads them for the Degraded message.
     container["terminationMessagePolicy"] = "FallbackToLogsOnError"
-    drain_command = ["python3", "-c", DRAIN_SCRIPT, str(spec.admin_port), str(drain)]
-    container["lifecycle"] = {"preStop": {"exec": {"command": drain_command}}}
+    if spec.env == OPENENV:
+        _as_openenv_server(container, spec)
+    else:
+        container["ports"].append({"name": ADMIN_PORT_NAME, "containerPort": spec.admin_port})
+        drain_command = ["python3", "-c", DRAIN_SCRIPT, str(spec.admin_port), str(drain)]
+        container["lifecycle"] = {"preStop": {"exec": {"command": drain_command}}}
     pod_spec = merge(_pod_spec(container, drain + GRACE_AFTER_DRAIN), spec.pod_template)
     return {
         "apiVersion": "apps/v1",
@@ -198,6 +201,17 @@ def build_statefulset(pool: Owner, spec: EnvPoolSpec, settings: OperatorSettings
             },
         },
     }
+
+
+def _as_openenv_server(container: Object, spec: EnvPoolSpec) -> None:
+    """The image's own command (an OpenEnv server, uvicorn on spec.port as OpenEnv's images
+    run), its session limit from the spec, and OpenEnv's /health for every kubelet probe."""
+    del container["args"]
+    container["env"].append(
+        {"name": "MAX_CONCURRENT_ENVS", "value": str(spec.sessions_per_replica)}
+    )
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        container[probe]["httpGet"]["path"] = "/health"
 
 
 def build_backends_service(pool: Owner, spec: EnvPoolSpec) -> Object:
@@ -219,6 +233,9 @@ def build_backends_service(pool: Owner, spec: EnvPoolSpec) -> Object:
 def build_router_deployment(pool: Owner, spec: EnvPoolSpec, settings: OperatorSettings) -> Object:
     backends = f"{backends_name(pool.name)}.{pool.namespace}.svc:{spec.port}"
     args = ["--host", "0.0.0.0", "--port", str(spec.port), "--backends-dns", backends]
+    if spec.env == OPENENV:
+        capacity = str(spec.sessions_per_replica)
+        args += ["--backend-protocol", "openenv", "--backend-capacity", capacity]
     container = _container(
         ROUTER_CONTAINER,
         spec.router.image or settings.router_image,

@@ -12,7 +12,7 @@ import kopf
 from gymkube_operator.conditions import ConditionStatus, find_condition, now_rfc3339
 from gymkube_operator.envpool import builders, pods
 from gymkube_operator.envpool.builders import ENVSERVER, ROUTER
-from gymkube_operator.envpool.models import PLURAL, EnvPoolSpec, EnvPoolStatus
+from gymkube_operator.envpool.models import OPENENV, PLURAL, EnvPoolSpec, EnvPoolStatus
 from gymkube_operator.envpool.prober import drain, observe
 from gymkube_operator.envpool.restarts import record_actions, restart_times
 from gymkube_operator.envpool.status import DEGRADED, Observed, compute_status
@@ -169,7 +169,13 @@ async def _observe(rt: Runtime, state: PoolState, pool: Pool) -> Observed:
         children = await _apply_children(rt, state, pool)
     found = pool.pods()
     probed = await observe(
-        rt.probes, found, pool.spec.port, pool.spec.watchdog, rt.resolve, rt.probe_limit
+        rt.probes,
+        found,
+        pool.spec.port,
+        pool.spec.watchdog,
+        rt.resolve,
+        rt.probe_limit,
+        openenv=pool.spec.env == OPENENV,
     )
     troubles = await _troubles(rt, pool.namespace, found)
     return dataclasses.replace(children, pods=probed, troubles=troubles)

@@ -8,8 +8,10 @@ from gymkube_operator.kinds import CamelModel, FreeForm, ResourceRequirements, v
 KIND = "EnvPool"
 PLURAL = "envpools"
 
+OPENENV = "openenv"
+"""The env value of a pool whose image is any OpenEnv server instead of gymkube's env server."""
 ENV_PATTERN = (
-    r"^(sciworld|frozen_lake|textarena:[A-Za-z0-9_.-]+"
+    rf"^({OPENENV}|sciworld|frozen_lake|textarena:[A-Za-z0-9_.-]+"
     r"|plugin:[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*)$"
 )
 
@@ -131,6 +133,10 @@ class EnvPoolSpec(CamelModel):
                 "warmSessionsPerReplica must not exceed sessionsPerReplica",
             ),
             ("self.adminPort != self.port", "adminPort must differ from port"),
+            (
+                f"self.env != '{OPENENV}' || has(self.image)",
+                f"env {OPENENV} runs your OpenEnv server image: set image",
+            ),
         )
     )
 
@@ -138,12 +144,14 @@ class EnvPoolSpec(CamelModel):
         max_length=200,
         description=(
             "Which env the servers host: sciworld, frozen_lake, textarena:<GameId> "
-            "or plugin:<module>:<Class>."
+            "or plugin:<module>:<Class>; openenv runs `image` as an OpenEnv server instead "
+            "(sessionsPerReplica becomes its MAX_CONCURRENT_ENVS)."
         ),
         json_schema_extra=validation_rules(
             (
                 f"self.matches('{ENV_PATTERN}')",
-                "env must be sciworld, frozen_lake, textarena:<GameId> or plugin:<module>:<Class>",
+                "env must be sciworld, frozen_lake, textarena:<GameId>, plugin:<module>:<Class> "
+                "or openenv",
             )
         ),
     )

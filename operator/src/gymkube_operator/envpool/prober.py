@@ -10,6 +10,7 @@ from pydantic import BaseModel, ValidationError
 
 from gymkube_operator.conditions import parse_rfc3339
 from gymkube_operator.envpool.models import WatchdogSpec
+from gymkube_operator.envpool.openenv_probe import probe_openenv_server
 from gymkube_operator.envpool.watchdog import Failure, PodObservation, Probe
 from gymkube_operator.objects import Object
 
@@ -111,8 +112,11 @@ async def observe(
     policy: WatchdogSpec,
     resolve: AddressResolver,
     limit: asyncio.Semaphore,
+    openenv: bool = False,
 ) -> list[PodObservation]:
-    """Probe every pod that has an address, concurrently (bounded by limit)."""
+    """Probe every pod that has an address, concurrently (bounded by limit); ``openenv`` when
+    the pods run OpenEnv servers rather than gymkube's."""
+    probe_one = probe_openenv_server if openenv else probe_server
 
     async def one(pod: Object) -> PodObservation:
         meta = pod["metadata"]
@@ -121,7 +125,7 @@ async def observe(
         probe = None
         if address is not None:
             async with limit:
-                probe = await probe_server(session, address, policy)
+                probe = await probe_one(session, address, policy)
         return PodObservation(
             name=meta["name"],
             uid=meta["uid"],
