@@ -68,6 +68,7 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("replicas as words", {"replicas": "four"}, 'spec.replicas: Invalid value: "string"'),
     ("privileged port", {"port": 80}, "should be greater than or equal to 1024"),
     ("admin port is the session port", {"adminPort": 8000}, "adminPort must differ from port"),
+    ("openenv without an image", {"env": "openenv"}, "env openenv runs your OpenEnv server image"),
     ("no sessions", {"sessionsPerReplica": 0}, "should be greater than or equal to 1"),
     (
         "probe timeout too long",
