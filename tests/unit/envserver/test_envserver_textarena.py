@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from envserver_fixtures import asgi_client, settings
+from envserver_fixtures import asgi_client, asgi_server, settings
 from gymkube_envserver.envs import EnvSpecError, load_backend
 
 pytestmark = pytest.mark.unit
@@ -69,3 +69,22 @@ async def test_sudoku_episode_over_http() -> None:
 def test_unusable_games_are_refused_with_a_reason(env: str, reason: str) -> None:
     with pytest.raises(EnvSpecError, match=reason):
         load_backend(settings(env=env))
+
+
+async def test_a_given_back_game_env_starts_the_next_session_on_a_fresh_board() -> None:
+    """The env of a closed session serves the next one; its reset makes a new game, so the board
+    is the seed's own, whatever the last session played."""
+    async with asgi_server(env="textarena:Sudoku-v0-train", warm=0, max_sessions=1) as (
+        client,
+        app,
+    ):
+        first = (await client.post("/create")).json()["id"]
+        env = app.state.manager.sessions[first].instance
+        board = (await client.post("/reset", json={"id": first, "seed": 5})).json()["observation"]
+        row, col, digit = legal_move(sudoku_grid(board))
+        await client.post("/step", json={"id": first, "action": f"[{row} {col} {digit}]"})
+        await client.post("/close", json={"id": first})
+        second = (await client.post("/create")).json()["id"]
+        assert app.state.manager.sessions[second].instance is env
+        again = (await client.post("/reset", json={"id": second, "seed": 5})).json()
+        assert sudoku_grid(again["observation"]) == sudoku_grid(board)
