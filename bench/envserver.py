@@ -470,8 +470,10 @@ def tree_rss_mib(pid: int) -> float:
     return round(total_kb / 1024, 1)
 
 
-async def batch_round(url: str, data_indices: list[int]) -> dict[str, Any]:
-    """One rollout batch: an episode per data_idx, all at once; per-call latencies and wall time."""
+async def batch_round(http: httpx.AsyncClient, data_indices: list[int]) -> dict[str, Any]:
+    """One rollout batch: an episode per data_idx, all at once; per-call latencies and wall time.
+
+    ``http`` lives across rounds, as a trainer's client does (keep-alive connections)."""
     calls: dict[str, list[float]] = {"create": [], "reset": [], "step": []}
 
     async def timed(name: str, call: Any) -> Any:
@@ -487,11 +489,9 @@ async def batch_round(url: str, data_indices: list[int]) -> dict[str, Any]:
             await timed("step", http.post("/step", json={"id": session, "action": action}))
         (await http.post("/close", json={"id": session})).raise_for_status()
 
-    limits = httpx.Limits(max_connections=len(data_indices))
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
-        began = time.perf_counter()
-        await asyncio.gather(*(episode(http, data_idx) for data_idx in data_indices))
-        wall_ms = (time.perf_counter() - began) * 1000
+    began = time.perf_counter()
+    await asyncio.gather(*(episode(http, data_idx) for data_idx in data_indices))
+    wall_ms = (time.perf_counter() - began) * 1000
     return {"wall_ms": wall_ms, **calls}
 
 
@@ -547,6 +547,7 @@ def bench_batch_pattern(sessions: int, rounds: int, memory_rounds: int) -> dict[
     }
     played: dict[str, list[dict[str, Any]]] = {name: [] for name in setups}
     memory: dict[str, list[float]] = {name: [] for name in setups}
+    settled: dict[str, list[float]] = {name: [] for name in setups}
     local_resets: list[float] = []
     local_steps: list[float] = []
 
@@ -571,20 +572,32 @@ def bench_batch_pattern(sessions: int, rounds: int, memory_rounds: int) -> dict[
         local_envs = [ScienceWorldEnv() for _ in range(sessions)]
         for env in local_envs:
             warm_up_like_the_server(env)
-        for number in range(memory_rounds):
-            # Side by side for the first rounds; then (a) alone, for its memory over many rounds.
-            names = list(setups) if number < rounds else ["a_reuse"]
-            for name in names:
-                url, pid = servers[name]
-                settle(pids)
-                played[name].append(asyncio.run(batch_round(url, indices(number))))
-                memory[name].append(tree_rss_mib(pid))
-            if number < rounds:
-                settle(pids)
-                entries = [task_entry(tasks, data_idx) for data_idx in indices(number)]
-                resets, steps = in_process_round(local_envs, entries)
-                local_resets.extend(resets)
-                local_steps.extend(steps)
+
+        async def play_rounds() -> None:
+            limits = httpx.Limits(max_connections=sessions)
+            clients = {
+                name: httpx.AsyncClient(base_url=url, timeout=600, limits=limits)
+                for name, (url, _) in servers.items()
+            }
+            for number in range(memory_rounds):
+                # Side by side for the first rounds; then (a) alone, for its memory.
+                names = list(setups) if number < rounds else ["a_reuse"]
+                for name in names:
+                    settle(pids)
+                    played[name].append(await batch_round(clients[name], indices(number)))
+                    memory[name].append(tree_rss_mib(servers[name][1]))
+                    # Between batches: once the server has done what the batch left (warm-ups).
+                    settle(pids)
+                    settled[name].append(tree_rss_mib(servers[name][1]))
+                if number < rounds:
+                    entries = [task_entry(tasks, data_idx) for data_idx in indices(number)]
+                    resets, steps = in_process_round(local_envs, entries)
+                    local_resets.extend(resets)
+                    local_steps.extend(steps)
+            for client in clients.values():
+                await client.aclose()
+
+        asyncio.run(play_rounds())
         statuses = {name: httpx.get(f"{url}/status").json() for name, (url, _) in servers.items()}
         for env in local_envs:
             env.close()
@@ -617,11 +630,17 @@ def bench_batch_pattern(sessions: int, rounds: int, memory_rounds: int) -> dict[
             for name, values in memory.items()
         },
         "a_reuse_rss_mib_by_round": {
-            number: memory["a_reuse"][number - 1]
+            number: {
+                "at_round_end": memory["a_reuse"][number - 1],
+                "between_batches": settled["a_reuse"][number - 1],
+            }
             for number in (1, 2, 5, 10, 25, 50)
             if number <= len(memory["a_reuse"])
         },
         "memory_growth_a_reuse": round(memory["a_reuse"][-1] / memory["a_reuse"][0], 2),
+        "memory_growth_a_reuse_between_batches": round(
+            settled["a_reuse"][-1] / settled["a_reuse"][0], 2
+        ),
         "envs": {
             name: {key: status[key] for key in ("envs_started", "envs_reused", "envs_retired")}
             for name, status in statuses.items()
