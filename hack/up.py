@@ -281,6 +281,10 @@ def kind_settings() -> dict[str, str]:
     return {"name": name, "image": image, "kubeconfig": kubeconfig}
 
 
+KIND_MIN_CPUS = 4
+"""CPUs a kind node needs for `make up`'s examples next to kind's own control-plane pods."""
+
+
 def docker_answers() -> bool:
     return shutil.which("docker") is not None and quiet(["docker", "info"]).returncode == 0
 
@@ -305,8 +309,21 @@ def choose_cluster(settings: UpSettings, kind: dict[str, str]) -> tuple[ClusterK
     if local_cluster_running():
         return "local", "the local cluster is running"
     if docker_answers() and kind["image"]:
-        return "kind", f"kind's node image {kind['image']} can be had"
+        cpus = docker_cpus()
+        if cpus >= KIND_MIN_CPUS:
+            return "kind", f"kind's node image {kind['image']} can be had"
+        # kind's control plane runs as pods that take 850m: on a small node the examples' CPU
+        # training run would stay Pending (docs/cluster.md), while the local cluster fits it.
+        return (
+            "local",
+            f"a kind node here would have {cpus} CPUs (the examples need {KIND_MIN_CPUS})",
+        )
     return "local", "no kind node image here (no registry, and `make kind-node-image` has not run)"
+
+
+def docker_cpus() -> int:
+    out = quiet(["docker", "info", "--format", "{{.NCPU}}"])
+    return int(out.stdout.strip()) if out.stdout.strip().isdigit() else 0
 
 
 def cluster_up(settings: UpSettings, state: UpState) -> tuple[ClusterKind, Path]:

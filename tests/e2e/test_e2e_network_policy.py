@@ -75,14 +75,18 @@ def test_the_pool_policy_selects_its_real_pods_and_the_pool_works_under_it(
     # The pool works through its URL from a router pod, which the policy lets in.
     router = str(routers[0]["metadata"]["name"])
     server = str(servers[0]["metadata"]["name"])
+    # Ready means the pods are; kube-proxy may program the Service's endpoints a moment later
+    # (until then it refuses connections), so the client retries a refused connect for a while.
     played = operator.exec_python(
         namespace,
         router,
-        "import json, urllib.request as u\n"
+        "import json, time, urllib.request as u\n"
         f"base = 'http://lake.{namespace}.svc:{ENVSERVER_PORT}'\n"
         "req = lambda p, b: json.load(u.urlopen(u.Request(base + p, json.dumps(b).encode(),"
         " {'Content-Type': 'application/json'}), timeout=10))\n"
-        "sid = req('/create', {})['id']\n"
+        "for attempt in range(30):\n"
+        "    try:\n        sid = req('/create', {})['id']\n        break\n"
+        "    except OSError:\n        time.sleep(1)\n"
         "print(json.dumps(req('/reset', {'id': sid, 'data_idx': 0})))\n"
         "req('/close', {'id': sid})\n",
     )
