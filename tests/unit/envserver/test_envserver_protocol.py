@@ -241,3 +241,11 @@ async def test_an_env_whose_warm_up_fails_is_closed_and_replaced() -> None:
         assert len(closed) == 1
         assert len(app.state.manager.warm) == 1
         assert closed[0] not in [env.instance for env in app.state.manager.warm]
+
+
+async def test_metrics_name_openenvs_http_endpoints() -> None:
+    async with asgi_client() as client:
+        await client.get("/health")
+        text = (await client.get("/metrics")).text
+        assert 'gymkube_envserver_requests_total{code="ok",endpoint="/health"} 1.0' in text
+        assert 'endpoint="other"' not in text

@@ -11,6 +11,7 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gymkube_envserver.canary import Canary
+from gymkube_envserver.openenv import HTTP_PATHS
 from gymkube_envserver.sessions import EnvRetired, SessionManager
 
 ENDPOINTS = frozenset(
@@ -28,6 +29,7 @@ ENDPOINTS = frozenset(
         "/status",
         "/metrics",
         "/admin/drain",
+        *HTTP_PATHS,  # OpenEnv's
     }
 )
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
