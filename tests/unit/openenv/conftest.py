@@ -3,20 +3,10 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "router"))
 
-from router_harness import Procs
+from router_harness import procs
 
-
-@pytest.fixture
-def procs() -> Iterator[Procs]:
-    started = Procs()
-    try:
-        yield started
-    finally:
-        started.stop_all()
+__all__ = ["procs"]

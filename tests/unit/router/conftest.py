@@ -1,26 +1,5 @@
-"""Fixtures that start real processes and kill them (by PID) afterwards."""
+"""Fixtures that start real processes and kill them (by PID) afterwards (router_harness)."""
 
-from __future__ import annotations
+from router_harness import module_procs, procs
 
-from collections.abc import Iterator
-
-import pytest
-from router_harness import Procs
-
-
-@pytest.fixture
-def procs() -> Iterator[Procs]:
-    started = Procs()
-    try:
-        yield started
-    finally:
-        started.stop_all()
-
-
-@pytest.fixture(scope="module")
-def module_procs() -> Iterator[Procs]:
-    started = Procs()
-    try:
-        yield started
-    finally:
-        started.stop_all()
+__all__ = ["module_procs", "procs"]

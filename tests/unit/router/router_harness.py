@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -135,6 +136,19 @@ class Procs:
     def stop_all(self) -> None:
         for proc in self._started:
             proc.stop()
+
+
+def started_procs() -> Iterator[Procs]:
+    """Processes a test starts, each killed by PID when it ends."""
+    started = Procs()
+    try:
+        yield started
+    finally:
+        started.stop_all()
+
+
+procs = pytest.fixture(started_procs, name="procs")
+module_procs = pytest.fixture(started_procs, scope="module", name="module_procs")
 
 
 def wait_all(*procs: Proc) -> None:
