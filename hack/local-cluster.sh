@@ -156,7 +156,7 @@ start_containerd() {
 	TOML
 	if ! is_running containerd; then
 		start_component containerd containerd --config "$config"
-		join_cgroup "$(pid_of containerd)"
+		join_cgroup containerd
 	fi
 	wait_component containerd 60 ctr --address "$CONTAINERD_SOCK" version
 }

@@ -62,15 +62,17 @@ ensure_cgroups() {
 	done
 }
 
-# join_cgroup PID: moves PID (containerd) below the cluster's cgroup, so its shims land there too.
+# join_cgroup COMPONENT: moves the component's process (containerd) below the cluster's cgroup, so
+# its shims land there too.
 join_cgroup() {
-	local hierarchy attempt
+	local hierarchy attempt pid
 	for hierarchy in $(cgroup_hierarchies); do
-		# Seen once on a machine's first cluster: EINVAL while containerd was still starting its
-		# threads; a moment later the same write succeeds.
-		for attempt in 1 2 3 4 5; do
-			echo "$1" 2>/dev/null >"$hierarchy/$CGROUP_NAME/containerd/cgroup.procs" && break
-			((attempt < 5)) || die "could not move containerd (pid $1) into $hierarchy/$CGROUP_NAME/containerd"
+		# Right after start the process may not have exec'd yet (its PID does not name the binary),
+		# and EINVAL was seen once while containerd was starting its threads: a moment later both
+		# are fine.
+		for attempt in 1 2 3 4 5 6 7 8 9 10; do
+			pid=$(pid_of "$1") && echo "$pid" 2>/dev/null >"$hierarchy/$CGROUP_NAME/$1/cgroup.procs" && break
+			((attempt < 10)) || die "could not move $1 (pid ${pid:-unknown}) into $hierarchy/$CGROUP_NAME/$1"
 			sleep 1
 		done
 	done
