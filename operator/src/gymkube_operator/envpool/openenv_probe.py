@@ -11,6 +11,7 @@ import time
 
 import aiohttp
 
+from gymkube_operator.envpool.fetch import get_page
 from gymkube_operator.envpool.models import WatchdogSpec
 from gymkube_operator.envpool.watchdog import Failure, Probe
 
@@ -21,16 +22,9 @@ _last_canary: dict[str, float] = {}
 async def probe_openenv_server(
     session: aiohttp.ClientSession, base_url: str, policy: WatchdogSpec
 ) -> Probe:
-    timeout = aiohttp.ClientTimeout(total=policy.probe_timeout_seconds)
-    try:
-        async with session.get(f"{base_url}/health", timeout=timeout) as response:
-            if response.status != 200:
-                return Probe(Failure.BAD_STATUS, f"/health answered HTTP {response.status}")
-    except TimeoutError:
-        message = f"/health gave no answer in {policy.probe_timeout_seconds}s"
-        return Probe(Failure.NO_ANSWER, message)
-    except aiohttp.ClientError as error:
-        return Probe(Failure.NO_ANSWER, f"/health failed: {type(error).__name__}: {error}")
+    _, failed = await get_page(session, base_url, "/health", policy)
+    if failed is not None:
+        return failed
     interval = policy.canary_interval_seconds
     now = time.monotonic()
     if not interval or now - _last_canary.get(base_url, -interval) < interval:

@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import Callable
 
@@ -9,6 +10,7 @@ import aiohttp
 from pydantic import BaseModel, ValidationError
 
 from gymkube_operator.conditions import parse_rfc3339
+from gymkube_operator.envpool.fetch import get_page
 from gymkube_operator.envpool.models import WatchdogSpec
 from gymkube_operator.envpool.openenv_probe import probe_openenv_server
 from gymkube_operator.envpool.watchdog import Failure, PodObservation, Probe
@@ -83,16 +85,12 @@ def judge(body: object, policy: WatchdogSpec, now: float) -> Probe:
 async def probe_server(
     session: aiohttp.ClientSession, base_url: str, policy: WatchdogSpec
 ) -> Probe:
-    timeout = aiohttp.ClientTimeout(total=policy.probe_timeout_seconds)
+    text, failed = await get_page(session, base_url, "/status", policy)
+    if failed is not None:
+        return failed
     try:
-        async with session.get(f"{base_url}/status", timeout=timeout) as response:
-            if response.status != 200:
-                return Probe(Failure.BAD_STATUS, f"/status answered HTTP {response.status}")
-            body = await response.json(content_type=None)
-    except TimeoutError:
-        message = f"/status gave no answer in {policy.probe_timeout_seconds}s"
-        return Probe(Failure.NO_ANSWER, message)
-    except (aiohttp.ClientError, ValueError) as error:
+        body = json.loads(text)
+    except ValueError as error:
         return Probe(Failure.NO_ANSWER, f"/status failed: {type(error).__name__}: {error}")
     return judge(body, policy, time.time())
 
