@@ -13,7 +13,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from json.encoder import encode_basestring_ascii
 from typing import Any
 from urllib.parse import urlencode
@@ -309,24 +309,8 @@ class Router:
     async def _create(self, request: web.BaseRequest) -> web.StreamResponse:
         body = await request.read()
         pool = self.pool
-        deadline = time.monotonic() + self.settings.create_wait
         refused: set[Backend] = set()
-        waited = False
-        while True:
-            backend = pool.pick(refused)
-            if backend is None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    self.metrics.pool_full += 1
-                    raise RoutingError(
-                        ErrorCode.AT_CAPACITY, "every env server in the pool is full or not ready"
-                    )
-                if not waited:
-                    waited = True
-                    self.metrics.create_waits += 1
-                await pool.wait_for_room(remaining)
-                refused.clear()
-                continue
+        async for backend in self._placements(self.settings.create_wait, refused):
             backend.unreported += 1
             try:
                 status, payload, headers = await self._forward(
@@ -351,6 +335,31 @@ class Router:
                 # than leave its env to the server's idle reaper.
                 self._close_orphan(request, backend, payload)
             return self._respond(backend, "/create", status, payload, headers)
+        self.metrics.pool_full += 1
+        raise RoutingError(
+            ErrorCode.AT_CAPACITY, "every env server in the pool is full or not ready"
+        )
+
+    async def _placements(self, wait_s: float, refused: set[Backend]) -> AsyncIterator[Backend]:
+        """Backends to place a new session on, the most room first, skipping those the caller
+        added to refused; when none has room, waits up to wait_s for some (then tries them all
+        again). Ends when the wait is over."""
+        pool = self.pool
+        deadline = time.monotonic() + wait_s
+        waited = False
+        while True:
+            backend = pool.pick(refused)
+            if backend is not None:
+                yield backend
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            if not waited:
+                waited = True
+                self.metrics.create_waits += 1
+            await pool.wait_for_room(remaining)
+            refused.clear()
 
     async def _websocket(self, request: web.BaseRequest) -> web.StreamResponse:
         """An OpenEnv session: placed now, tunnelled to that backend until either side closes."""
@@ -392,22 +401,8 @@ class Router:
     ) -> tuple[Backend, aiohttp.ClientWebSocketResponse] | None:
         """The backend with the most room and an open socket to its ``/ws``; None when full."""
         assert self._ws_client is not None
-        pool = self.pool
-        deadline = time.monotonic() + self.settings.ws_create_wait
         refused: set[Backend] = set()
-        waited = False
-        while True:
-            backend = pool.pick(refused)
-            if backend is None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-                if not waited:
-                    waited = True
-                    self.metrics.create_waits += 1
-                await pool.wait_for_room(remaining)
-                refused.clear()
-                continue
+        async for backend in self._placements(self.settings.ws_create_wait, refused):
             backend.unreported += 1
             try:
                 upstream = await self._ws_client.ws_connect(
@@ -424,6 +419,7 @@ class Router:
                 continue
             backend.placed += 1
             return backend, upstream
+        return None
 
     def _close_orphan(self, request: web.BaseRequest, backend: Backend, payload: bytes) -> None:
         try:
