@@ -13,7 +13,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib/tools.sh"
 
 KUBE_TOOLS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl kubeadm)
-ALL_TOOLS=("${KUBE_TOOLS[@]}" etcd helm kustomize)
+ALL_TOOLS=("${KUBE_TOOLS[@]}" etcd helm kustomize kwok)
 # kubeadm goes only into kind's node image (hack/kind-node-image.sh asks for it by name).
 DEFAULT_TOOLS=()
 for tool in "${ALL_TOOLS[@]}"; do [[ $tool == kubeadm ]] || DEFAULT_TOOLS+=("$tool"); done
@@ -36,6 +36,7 @@ expected_version() {
 	etcd) echo "etcd Version: ${ETCD_VERSION#v}" ;;
 	helm) echo "$HELM_VERSION" ;;
 	kustomize) echo "$KUSTOMIZE_VERSION" ;;
+	kwok) echo "$KWOK_VERSION" ;;
 	esac
 }
 
@@ -47,6 +48,8 @@ reported_version() {
 	kube-* | kubelet | etcd) "$bin" --version ;;
 	helm) "$bin" version --template '{{.Version}}' ;;
 	kustomize) "$bin" version ;;
+	# "kwok version v0.8.0 go1.26.8 (linux/amd64)": the third word is its own version.
+	kwok) "$bin" --version | awk '{print $3}' ;;
 	esac 2>/dev/null
 }
 
@@ -163,6 +166,16 @@ build_kustomize() {
 		sigs.k8s.io/kustomize/kustomize/v5
 }
 
+# kwok (fake nodes and pods for bench/scale.py and the scale test); its version is a build-time -X.
+build_kwok() {
+	local gomod dir=$SRC_DIR/kwok-$KWOK_VERSION
+	gomod=$(module_gomod "sigs.k8s.io/kwok@$KWOK_VERSION")
+	[[ -n $gomod ]] || die "sigs.k8s.io/kwok@$KWOK_VERSION is not on the Go module proxy"
+	wrapper_header kwok "$gomod" | prepare_wrapper "$dir" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+	go_build "$dir" "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}" kwok \
+		sigs.k8s.io/kwok/cmd/kwok
+}
+
 main() {
 	local requested=("$@") stale=() stale_kube=() tool
 	((${#requested[@]})) || requested=("${DEFAULT_TOOLS[@]}")
@@ -192,7 +205,7 @@ main() {
 		log "building ${stale_kube[*]} $KUBERNETES_VERSION (10-15 minutes on 2 cores with cold Go caches)"
 		build_kubernetes "${stale_kube[@]}"
 	fi
-	for tool in etcd helm kustomize; do
+	for tool in etcd helm kustomize kwok; do
 		[[ " ${stale[*]} " == *" $tool "* ]] || continue
 		local version_var=${tool^^}_VERSION
 		log "building $tool ${!version_var}"

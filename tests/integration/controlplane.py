@@ -26,7 +26,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -347,20 +347,27 @@ class ControlPlane:
 
 
 @contextlib.contextmanager
-def running_control_plane(bin_dir: Path | None = None) -> Iterator[ControlPlane]:
-    """Starts etcd, kube-apiserver and kube-controller-manager; on exit stops them, cleans up."""
+def running_control_plane(
+    bin_dir: Path | None = None, extra_args: Mapping[str, Sequence[str]] | None = None
+) -> Iterator[ControlPlane]:
+    """Starts etcd, kube-apiserver and kube-controller-manager; on exit stops them, cleans up.
+
+    extra_args: more flags per process name (a later flag overrides an earlier one), e.g. the
+    scale benchmark's audit log and client rate limits."""
     bin_dir = bin_dir or tool_bin_dir()
     workdir = Path(tempfile.mkdtemp(prefix="gymkube-kube-"))
     processes: list[_Process] = []
     try:
-        yield _start(bin_dir, workdir, processes)
+        yield _start(bin_dir, workdir, processes, extra_args or {})
     finally:
         for process in reversed(processes):
             process.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _start(bin_dir: Path, workdir: Path, processes: list[_Process]) -> ControlPlane:
+def _start(
+    bin_dir: Path, workdir: Path, processes: list[_Process], extra_args: Mapping[str, Sequence[str]]
+) -> ControlPlane:
     started = time.monotonic()
     pki = workdir / "pki"
     etcd_port, etcd_peer_port, apiserver_port = _free_ports(3)
@@ -415,7 +422,8 @@ def _start(bin_dir: Path, workdir: Path, processes: list[_Process]) -> ControlPl
     logs.mkdir()
 
     def launch(name: str, *args: str) -> None:
-        processes.append(_Process(name, [str(bin_dir / name), *args], logs / f"{name}.log"))
+        argv = [str(bin_dir / name), *args, *extra_args.get(name, ())]
+        processes.append(_Process(name, argv, logs / f"{name}.log"))
 
     # All three start at once: the apiserver retries etcd and the controller-manager retries the
     # apiserver, so nothing waits for a predecessor to report ready.
