@@ -14,7 +14,7 @@ import kopf
 from pydantic import ValidationError
 
 from gymkube_operator.envpool import handlers as envpool_handlers
-from gymkube_operator.envpool.prober import AddressResolver, pod_address
+from gymkube_operator.envpool.prober import AddressResolver
 from gymkube_operator.runtime import Runtime
 from gymkube_operator.settings import OperatorSettings
 from gymkube_operator.trainingrun import handlers as trainingrun_handlers
@@ -64,12 +64,12 @@ def build_registry(runtime: Runtime) -> kopf.OperatorRegistry:
 async def run(
     settings: OperatorSettings,
     *,
-    resolve: AddressResolver = pod_address,
+    resolve: AddressResolver | None = None,
     stop_flag: threading.Event | None = None,
     ready_flag: threading.Event | None = None,
 ) -> None:
     """Run the operator until stop_flag is set (or forever); tests pass their own resolver."""
-    runtime = Runtime(settings=settings, resolve=resolve)
+    runtime = Runtime(settings=settings, resolver=resolve)
     port = settings.liveness_port
     await kopf.operator(
         registry=build_registry(runtime),

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import kopf
 
-from gymkube_operator.envpool.prober import AddressResolver, pod_address
+from gymkube_operator.envpool.prober import AddressResolver, address_resolver
 from gymkube_operator.kube import KubeClient, KubeError
 from gymkube_operator.settings import OperatorSettings
 
@@ -77,10 +77,15 @@ def namespaced(namespace: str | None) -> str:
 @dataclasses.dataclass
 class Runtime:
     settings: OperatorSettings
-    resolve: AddressResolver = pod_address
+    # Tests point the watchdog at local env-server processes; else settings.probe_address_template.
+    resolver: dataclasses.InitVar[AddressResolver | None] = None
+    resolve: AddressResolver = dataclasses.field(init=False)
     _client: KubeClient | None = None
     _probes: aiohttp.ClientSession | None = None
     _limit: asyncio.Semaphore | None = None
+
+    def __post_init__(self, resolver: AddressResolver | None) -> None:
+        self.resolve = resolver or address_resolver(self.settings.probe_address_template)
 
     async def connect(self, info: kopf.ConnectionInfo) -> None:
         """Called from the login handler (again when credentials expire), so the client always

@@ -7,6 +7,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from gymkube_operator.kinds import GROUP
 
+DEFAULT_PROBE_ADDRESS = "http://{pod_ip}:{port}"
+PROBE_ADDRESS_FIELDS = ("pod_ip", "port", "name", "namespace", "uid")
+
 
 class OperatorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GYMKUBE_", frozen=True)
@@ -55,6 +58,14 @@ class OperatorSettings(BaseSettings):
     probe_concurrency: int = Field(
         64, ge=1, description="Concurrent /status reads the watchdog makes across all pools."
     )
+    probe_address_template: str = Field(
+        DEFAULT_PROBE_ADDRESS,
+        description=(
+            "Base URL the watchdog probes for each env-server pod, from the fields pod_ip, port "
+            "(the admin port), name, namespace and uid. The default is the pod's own IP; set it "
+            "only for special networks or tests (bench/scale.py points it at a loopback farm)."
+        ),
+    )
     field_manager: str = Field("gymkube-operator", description="Server-side apply field manager.")
     network_policy: bool = Field(
         False,
@@ -90,6 +101,16 @@ class OperatorSettings(BaseSettings):
         if isinstance(value, str):
             pairs = (part.strip().partition("=") for part in value.split(",") if part.strip())
             return {key.strip(): label.strip() for key, _, label in pairs}
+        return value
+
+    @field_validator("probe_address_template")
+    @classmethod
+    def _known_address_fields(cls, value: str) -> str:
+        try:
+            value.format(**dict.fromkeys(PROBE_ADDRESS_FIELDS, "x"))
+        except (KeyError, IndexError, ValueError) as error:
+            known = ", ".join(f"{{{name}}}" for name in PROBE_ADDRESS_FIELDS)
+            raise ValueError(f"{value!r} is not a template of {known}: {error!r}") from None
         return value
 
     @model_validator(mode="after")

@@ -2,6 +2,7 @@
 
 import pytest
 from gymkube_operator.main import kopf_settings
+from gymkube_operator.runtime import Runtime
 from gymkube_operator.settings import OperatorSettings
 from pydantic import ValidationError
 
@@ -37,3 +38,31 @@ def test_kopf_bookkeeping_lives_under_the_gymkube_group() -> None:
     assert config.persistence.finalizer == "gymkube.io/finalizer"
     assert config.persistence.progress_storage.prefix == "gymkube.io"
     assert config.persistence.diffbase_storage.prefix == "gymkube.io"
+
+
+def test_the_watchdog_probes_the_pod_ip_unless_a_template_says_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pod = {
+        "metadata": {"name": "pool-0", "namespace": "rl", "uid": "u-1"},
+        "status": {
+            "phase": "Running",
+            "podIP": "10.1.2.3",
+            "containerStatuses": [{"started": True}],
+        },
+    }
+    assert Runtime(OperatorSettings()).resolve(pod, 8001) == "http://10.1.2.3:8001"
+    monkeypatch.setenv(
+        "GYMKUBE_PROBE_ADDRESS_TEMPLATE", "http://127.0.0.1:9/{namespace}/{name}/{uid}"
+    )
+    assert Runtime(OperatorSettings()).resolve(pod, 8001) == "http://127.0.0.1:9/rl/pool-0/u-1"
+    starting = {**pod, "status": {**pod["status"], "containerStatuses": [{"started": False}]}}
+    assert Runtime(OperatorSettings()).resolve(starting, 8001) is None
+
+
+def test_a_probe_address_template_with_an_unknown_field_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("GYMKUBE_PROBE_ADDRESS_TEMPLATE", "http://{pod}:{port}")
+    with pytest.raises(ValidationError, match=r"not a template of \{pod_ip\}, \{port\}"):
+        OperatorSettings()

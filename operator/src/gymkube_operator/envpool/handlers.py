@@ -28,6 +28,13 @@ logger = logging.getLogger(__name__)
 PoolKey = tuple[str, str]
 WAKE_DEBOUNCE_SECONDS = 0.2
 PoolIndex = kopf.Index[PoolKey, Object]
+# The indexes a pass reads, by kopf id, in Pool.indexes order.
+STATEFULSETS_INDEX, ROUTERS_INDEX, PODS_INDEX = (
+    "envpool_statefulsets",
+    "envpool_routers",
+    "envpool_pods",
+)
+INDEX_IDS = (STATEFULSETS_INDEX, ROUTERS_INDEX, PODS_INDEX)
 Keyed = Callable[[str | None, kopf.Labels, Object], dict[PoolKey, Object]]
 # The status fields of a StatefulSet or Deployment the pool status reads; indexes keep only these
 # (and only what the watchdog reads of pods, envpool.pods.slim_pod) to bound the operator's memory.
@@ -204,6 +211,7 @@ async def _act(rt: Runtime, plan: Plan, pool: Pool, body: kopf.Body) -> list[tup
 
 async def reconcile_once(rt: Runtime, state: PoolState, pool: Pool, body: kopf.Body) -> float:
     """One pass: observe → decide → act → status. Returns the seconds until the next pass."""
+    started = time.monotonic()
     observed = await _observe(rt, state, pool)
     previous = state.previous(body)
     restarts = restart_times(previous.restarts)
@@ -222,7 +230,9 @@ async def reconcile_once(rt: Runtime, state: PoolState, pool: Pool, body: kopf.B
     )
     await _write_status(rt, state, pool, previous, status)
     _announce_degradation(body, previous, status)
-    return pool.spec.watchdog.probe_period_seconds
+    # Passes start a period apart, however long the probes took: a frozen pod (a probe timeout
+    # per pass) is still restarted within failureThreshold periods.
+    return pool.spec.watchdog.probe_period_seconds - (time.monotonic() - started)
 
 
 async def _write_status(
@@ -251,17 +261,13 @@ def _announce_degradation(body: kopf.Body, before: EnvPoolStatus, after: EnvPool
 def _register_indexes(registry: kopf.OperatorRegistry, keyed: Keyed) -> None:
     """Indexes of each pool's StatefulSet, router Deployment and env-server pods: they replace API
     reads in each pass. Async, so they run on the event loop."""
+    pool_children = {POOL_LABEL: kopf.PRESENT}
 
-    @kopf.index(
-        "statefulsets",
-        id="envpool_statefulsets",
-        labels={POOL_LABEL: kopf.PRESENT},
-        registry=registry,
-    )
+    @kopf.index("statefulsets", id=STATEFULSETS_INDEX, labels=pool_children, registry=registry)
     @kopf.index(
         "deployments",
-        id="envpool_routers",
-        labels={POOL_LABEL: kopf.PRESENT, COMPONENT_LABEL: ROUTER},
+        id=ROUTERS_INDEX,
+        labels={**pool_children, COMPONENT_LABEL: ROUTER},
         registry=registry,
     )
     async def envpool_workloads(
@@ -269,40 +275,42 @@ def _register_indexes(registry: kopf.OperatorRegistry, keyed: Keyed) -> None:
     ) -> dict[PoolKey, Object]:
         return keyed(namespace, labels, _slim_workload(body))
 
-    @kopf.index(
-        "pods",
-        id="envpool_pods",
-        labels={POOL_LABEL: kopf.PRESENT, COMPONENT_LABEL: ENVSERVER},
-        registry=registry,
-    )
+    pod_labels = {**pool_children, COMPONENT_LABEL: ENVSERVER}
+
+    @kopf.index("pods", id=PODS_INDEX, labels=pod_labels, registry=registry)
     async def envpool_pods(
         namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
     ) -> dict[PoolKey, Object]:
         return {(namespaced(namespace), labels[POOL_LABEL]): pods.slim_pod(dict(body))}
 
 
-def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
-    """Register the EnvPool handlers on a registry (tests build their own runtime and registry).
+class Pools:
+    """Each live pool's state by key; watch events on a pool or its children wake its daemon."""
 
-    One daemon per pool does every pass, so a pool is never reconciled twice at once; events on
-    the pool and its children only wake it."""
-    pools: dict[PoolKey, PoolState] = {}
+    def __init__(self) -> None:
+        self.states: dict[PoolKey, PoolState] = {}
 
-    def wake(key: PoolKey) -> None:
-        if (state := pools.get(key)) is not None:
+    def wake(self, key: PoolKey) -> None:
+        if (state := self.states.get(key)) is not None:
             state.wake.set()
 
-    def keyed(namespace: str | None, labels: kopf.Labels, value: Object) -> dict[PoolKey, Object]:
+    def keyed(
+        self, namespace: str | None, labels: kopf.Labels, value: Object
+    ) -> dict[PoolKey, Object]:
         key = (namespaced(namespace), labels[POOL_LABEL])
-        wake(key)  # a child changed: the pool's status follows within moments
+        self.wake(key)  # a child changed: the pool's status follows within moments
         return {key: value}
 
-    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
-    def envpool_changed(namespace: str | None, name: str, **_: Any) -> None:
-        wake((namespaced(namespace), name))
 
-    _register_indexes(registry, keyed)
+def _pool(
+    name: str, namespace: str, uid: str, body: kopf.Body, indexes: tuple[PoolIndex, ...]
+) -> Pool:
+    """The pool as this pass sees it (body is kopf's live view of the object)."""
+    spec = builders.parse_spec(body["spec"])
+    return Pool(name, namespace, uid, body["metadata"].get("generation", 1), spec, indexes)
 
+
+def _register_daemon(registry: kopf.OperatorRegistry, rt: Runtime, pools: Pools) -> None:
     # On stop a daemon finishes its current pass (at most a probe timeout) and exits.
     @kopf.daemon(
         GROUP, VERSION, PLURAL, id="envpool_watchdog", cancellation_backoff=5,
@@ -313,19 +321,12 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
         **kwargs: Any,
     ) -> None:  # fmt: skip
         key = (namespaced(namespace), name)
-        state = pools.setdefault(key, PoolState())
-        # kopf passes each index as a keyword argument named by its id; body is a live view.
-        indexes = (
-            kwargs["envpool_statefulsets"],
-            kwargs["envpool_routers"],
-            kwargs["envpool_pods"],
-        )
+        state = pools.states.setdefault(key, PoolState())
+        # kopf passes each index as a keyword argument named by its id.
+        indexes = tuple(kwargs[index_id] for index_id in INDEX_IDS)
 
         async def pass_once() -> float:
-            meta = body["metadata"]
-            spec = builders.parse_spec(body["spec"])
-            pool = Pool(name, key[0], uid, meta.get("generation", 1), spec, indexes)
-            return await reconcile_once(rt, state, pool, body)
+            return await reconcile_once(rt, state, _pool(name, key[0], uid, body, indexes), body)
 
         try:
             what = f"EnvPool {key[0]}/{name}"
@@ -333,4 +334,19 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
                 what, pass_once, state.wake, stopped, WAKE_DEBOUNCE_SECONDS
             )
         finally:
-            pools.pop(key, None)
+            pools.states.pop(key, None)
+
+
+def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
+    """Register the EnvPool handlers on a registry (tests build their own runtime and registry).
+
+    One daemon per pool does every pass, so a pool is never reconciled twice at once; events on
+    the pool and its children only wake it."""
+    pools = Pools()
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    def envpool_changed(namespace: str | None, name: str, **_: Any) -> None:
+        pools.wake((namespaced(namespace), name))
+
+    _register_indexes(registry, pools.keyed)
+    _register_daemon(registry, rt, pools)

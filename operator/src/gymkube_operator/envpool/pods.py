@@ -97,7 +97,7 @@ def slim_pod(pod: Object) -> Object:
     return {
         "metadata": {
             k: meta[k]
-            for k in ("name", "uid", "creationTimestamp", "deletionTimestamp")
+            for k in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp")
             if k in meta
         },
         "spec": {

@@ -15,21 +15,33 @@ from gymkube_operator.envpool.models import WatchdogSpec
 from gymkube_operator.envpool.openenv_probe import probe_openenv_server
 from gymkube_operator.envpool.watchdog import Failure, PodObservation, Probe
 from gymkube_operator.objects import Object
+from gymkube_operator.settings import DEFAULT_PROBE_ADDRESS
 
 # Maps a pod to the base URL of its env server, or None while it cannot be probed. Tests point
 # it at local env-server processes standing in for pods.
 AddressResolver = Callable[[Object, int], str | None]
 
 
-def pod_address(pod: Object, port: int) -> str | None:
-    """The pod's own IP once it runs and its startup probe passed; None before that."""
-    status = pod.get("status", {})
-    started = all(c.get("started") for c in status.get("containerStatuses", [])) and bool(
-        status.get("containerStatuses")
-    )
-    if status.get("phase") != "Running" or not status.get("podIP") or not started:
-        return None
-    return f"http://{status['podIP']}:{port}"
+def address_resolver(template: str = DEFAULT_PROBE_ADDRESS) -> AddressResolver:
+    """Resolves a pod, once it runs and its startup probe passed, to the template filled in with
+    its IP, the port, its name, namespace and uid (settings.probe_address_template); None before."""
+
+    def resolve(pod: Object, port: int) -> str | None:
+        status = pod.get("status", {})
+        containers = status.get("containerStatuses", [])
+        started = bool(containers) and all(c.get("started") for c in containers)
+        if status.get("phase") != "Running" or not status.get("podIP") or not started:
+            return None
+        meta = pod["metadata"]
+        return template.format(
+            pod_ip=status["podIP"],
+            port=port,
+            name=meta["name"],
+            namespace=meta.get("namespace", ""),
+            uid=meta["uid"],
+        )
+
+    return resolve
 
 
 class _Canary(BaseModel):

@@ -1,0 +1,353 @@
+"""EnvPool operator at scale: 100 and 1,000 pools of 10 env servers each, watchdog included.
+
+For each size, on a fresh private control plane (the integration fixture's, plus kube-scheduler
+and kwok from tests/integration/scale_harness.py: fake nodes, pods marked Running and Ready),
+runs `gymkube-operator` as a process whose watchdog probes bench/scale_farm.py (one loopback
+process answering /status for every pod, via settings.probe_address_template). Prints JSON:
+
+- seconds from applying all pools to all Ready;
+- operator RSS (peak and steady) and CPU at steady state;
+- watchdog probes/s the farm answered vs pods / probePeriodSeconds;
+- API requests/s the operator makes at steady state, and its status writes/s (counted from the
+  API server's audit log of the operator's own user);
+- seconds to detect (delete) and replace a frozen pod, against failureThreshold x period + 5 s.
+
+    .venv/bin/python bench/scale.py [--pools 100 1000] [--replicas 10] [--steady 30]
+
+Every process shares this machine's CPUs (the API server, etcd, kwok, the farm and the
+operator): the JSON records the load average so a run on a busy machine reads as one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import datetime
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import psutil
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT / "tests" / "integration"))
+
+from controlplane import ControlPlane, running_control_plane  # noqa: E402
+from gymkube_operator.crds.catalog import package_file  # noqa: E402
+from gymkube_operator.envpool.models import WatchdogSpec  # noqa: E402
+from gymkube_operator.envpool.resource import ENVPOOL  # noqa: E402
+from operator_scale import PeakRss  # noqa: E402
+from scale_harness import CONTROLLER_MANAGER_SCALE_ARGS, running_kwok  # noqa: E402
+
+GROUP, VERSION, PLURAL = "gymkube.io", "v1alpha1", "envpools"
+NAMESPACE = "bench"
+OPERATOR_USER = "gymkube-bench-operator"
+PODS_PER_NODE = 1000
+WATCHDOG = WatchdogSpec()
+TARGETS = {
+    "all_ready_seconds_1000_pools": 120.0,
+    "operator_rss_mb": 500.0,
+    "frozen_detect_slack_seconds": 5.0,
+    "steady_status_writes_per_second": 0.0,
+}
+# The operator's own requests, nobody else's; watches are counted when they end.
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived", "ResponseStarted"],
+    "rules": [{"level": "Metadata", "users": [OPERATOR_USER]}, {"level": "None"}],
+}
+
+
+def pool_body(name: str, replicas: int) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "EnvPool",
+        "metadata": {"name": name},
+        "spec": {
+            "env": "frozen_lake",
+            "replicas": replicas,
+            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
+            "router": {"replicas": 1},
+        },
+    }
+
+
+@contextlib.contextmanager
+def running_farm() -> Iterator[str]:
+    """bench/scale_farm.py as a process; yields its base URL."""
+    farm = subprocess.Popen(
+        [sys.executable, str(REPO_ROOT / "bench" / "scale_farm.py")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert farm.stdout is not None
+        port = json.loads(farm.stdout.readline())["port"]
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        farm.terminate()
+        farm.wait(timeout=30)
+
+
+def farm_call(farm: str, path: str, body: dict[str, str] | None = None) -> dict[str, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"{farm}{path}", data=data, method="POST" if data else "GET")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        answer: dict[str, Any] = json.loads(response.read())
+        return answer
+
+
+@contextlib.contextmanager
+def running_operator(
+    kube: ControlPlane, farm: str, operator_bin: Path, log_path: Path
+) -> Iterator[psutil.Process]:
+    """gymkube-operator as its own API user (so the audit log tells its requests apart)."""
+    env = kube.env()
+    env.update(
+        KUBECONFIG=str(kube.kubeconfig_for_user(OPERATOR_USER, groups=["system:masters"])),
+        GYMKUBE_NAMESPACES=NAMESPACE,
+        GYMKUBE_LIVENESS_PORT="0",
+        GYMKUBE_PROBE_ADDRESS_TEMPLATE=f"{farm}/{{namespace}}/{{name}}/{{uid}}",
+    )
+    with log_path.open("wb") as log:
+        operator = subprocess.Popen(
+            [str(operator_bin)], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+    try:
+        yield psutil.Process(operator.pid)
+    finally:
+        operator.terminate()
+        operator.wait(timeout=60)
+
+
+def ready_pools(custom: kubernetes.client.CustomObjectsApi) -> set[str]:
+    pools = custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)["items"]
+    return {
+        p["metadata"]["name"]
+        for p in pools
+        if any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in p.get("status", {}).get("conditions", [])
+        )
+    }
+
+
+def apply_and_wait_ready(
+    custom: kubernetes.client.CustomObjectsApi, pools: int, replicas: int, timeout: float
+) -> dict[str, Any]:
+    names = [f"pool-{i:04d}" for i in range(pools)]
+    started = time.monotonic()
+    with ThreadPoolExecutor(8) as executor:
+        list(
+            executor.map(
+                lambda name: custom.create_namespaced_custom_object(
+                    GROUP, VERSION, NAMESPACE, PLURAL, pool_body(name, replicas)
+                ),
+                names,
+            )
+        )
+    applied_s = time.monotonic() - started
+    ready: set[str] = set()
+    while len(ready) < pools and time.monotonic() - started < timeout:
+        time.sleep(1.0)
+        ready = ready_pools(custom)
+    all_ready = time.monotonic() - started if len(ready) == pools else None
+    return {
+        "apply_seconds": round(applied_s, 2),
+        "all_ready_seconds": None if all_ready is None else round(all_ready, 2),
+        "ready_pools": len(ready),
+    }
+
+
+@dataclass
+class Sample:
+    at: float
+    cpu_seconds: float
+    rss_mb: float
+    probes: int
+
+
+def sample(operator: psutil.Process, farm: str) -> Sample:
+    cpu = operator.cpu_times()
+    return Sample(
+        at=time.time(),
+        cpu_seconds=cpu.user + cpu.system,
+        rss_mb=operator.memory_info().rss / 2**20,
+        probes=farm_call(farm, "/farm/stats")["probes"],
+    )
+
+
+def audit_counts(log: Path, since: float, until: float) -> collections.Counter[str]:
+    """The operator's requests received in [since, until), by verb and resource."""
+    counts: collections.Counter[str] = collections.Counter()
+    for line in log.read_text().splitlines():
+        event = json.loads(line)
+        at = datetime.datetime.fromisoformat(event["requestReceivedTimestamp"]).timestamp()
+        if not since <= at < until:
+            continue
+        ref = event.get("objectRef", {})
+        resource = ref.get("resource", "?") + (
+            f"/{ref['subresource']}" if "subresource" in ref else ""
+        )
+        counts[f"{event['verb']} {resource}"] += 1
+    return counts
+
+
+def steady_state(
+    operator: psutil.Process, farm: str, audit_log: Path, pods: int, seconds: float
+) -> dict[str, Any]:
+    before = sample(operator, farm)
+    time.sleep(seconds)
+    after = sample(operator, farm)
+    window = after.at - before.at
+    counts = audit_counts(audit_log, before.at, after.at)
+    status_writes = sum(n for key, n in counts.items() if key.endswith("envpools/status"))
+    return {
+        "window_seconds": round(window, 1),
+        "operator_cpu_percent": round(100 * (after.cpu_seconds - before.cpu_seconds) / window, 1),
+        "operator_rss_mb": round(after.rss_mb, 1),
+        "probes_per_second": round((after.probes - before.probes) / window, 1),
+        "probes_per_second_required": round(pods / WATCHDOG.probe_period_seconds, 1),
+        "api_requests_per_second": round(sum(counts.values()) / window, 2),
+        "api_requests_by_kind": dict(counts.most_common()),
+        "status_writes_per_second": round(status_writes / window, 3),
+    }
+
+
+def frozen_pod(
+    core: kubernetes.client.CoreV1Api,
+    custom: kubernetes.client.CustomObjectsApi,
+    farm: str,
+    pool: str,
+    timeout: float,
+) -> dict[str, Any]:
+    """Freeze one env server; time until the watchdog deletes it and until its replacement is
+    Ready and the pool Ready again."""
+    name = f"{pool}-3"
+    uid = core.read_namespaced_pod(name, NAMESPACE).metadata.uid
+    farm_call(farm, "/farm/freeze", {"uid": uid})
+    started = time.monotonic()
+    detected = replaced = None
+    while replaced is None and time.monotonic() - started < timeout:
+        time.sleep(0.2)
+        try:
+            pod = core.read_namespaced_pod(name, NAMESPACE)
+        except kubernetes.client.ApiException as error:
+            if error.status != 404:
+                raise
+            pod = None
+        if detected is None and (pod is None or pod.metadata.uid != uid):
+            detected = time.monotonic() - started
+        if detected is not None and pod is not None and pod.metadata.uid != uid:
+            ready = any(
+                c.type == "Ready" and c.status == "True" for c in pod.status.conditions or []
+            )
+            if ready and pool in ready_pools(custom):
+                replaced = time.monotonic() - started
+    bound = WATCHDOG.failure_threshold * WATCHDOG.probe_period_seconds
+    restarts = custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, pool)
+    return {
+        "pool": pool,
+        "pod": name,
+        "detect_seconds": None if detected is None else round(detected, 2),
+        "replaced_ready_seconds": None if replaced is None else round(replaced, 2),
+        "detect_bound_seconds": bound + TARGETS["frozen_detect_slack_seconds"],
+        "restart_reason": restarts.get("status", {}).get("restarts", {}).get("lastReason"),
+    }
+
+
+@contextlib.contextmanager
+def audit_log() -> Iterator[tuple[list[str], Path]]:
+    """kube-apiserver flags that log the operator's requests (AUDIT_POLICY), and the log file."""
+    with tempfile.TemporaryDirectory(prefix="gymkube-scale-audit-") as directory:
+        policy = Path(directory) / "policy.json"
+        policy.write_text(json.dumps(AUDIT_POLICY))
+        log = Path(directory) / "audit.log"
+        flags = [f"--audit-policy-file={policy}", f"--audit-log-path={log}"]
+        yield [*flags, "--audit-log-format=json"], log
+
+
+def run_size(pools: int, replicas: int, steady: float, operator_bin: Path) -> dict[str, Any]:
+    pods = pools * replicas
+    nodes = math.ceil(pools * (replicas + 1) / PODS_PER_NODE) + 1
+    with contextlib.ExitStack() as stack:
+        farm = stack.enter_context(running_farm())
+        audit_flags, audit = stack.enter_context(audit_log())
+        extra = {
+            "kube-apiserver": audit_flags,
+            "kube-controller-manager": CONTROLLER_MANAGER_SCALE_ARGS,
+        }
+        kube = stack.enter_context(running_control_plane(extra_args=extra))
+        stack.enter_context(running_kwok(kube, nodes, PODS_PER_NODE))
+        kube.kubectl("apply", "--server-side", "-f", str(package_file(ENVPOOL)))
+        kube.kubectl("wait", "--for=condition=Established", f"crd/{ENVPOOL.name}")
+        kube.kubectl("create", "namespace", NAMESPACE)
+        log_path = kube.workdir / "operator.log"
+        operator = stack.enter_context(running_operator(kube, farm, operator_bin, log_path))
+        client = stack.enter_context(kube.api_client())
+        rss = PeakRss(operator.pid)
+        custom = kubernetes.client.CustomObjectsApi(client)
+        core = kubernetes.client.CoreV1Api(client)
+        applied_at = time.time()
+        ramp = apply_and_wait_ready(custom, pools, replicas, timeout=600)
+        ramp["api_requests_until_ready"] = sum(
+            audit_counts(audit, applied_at, time.time()).values()
+        )
+        time.sleep(2 * WATCHDOG.probe_period_seconds)  # the last Ready writes land
+        steady_figures = steady_state(operator, farm, audit, pods, steady)
+        frozen = frozen_pod(core, custom, farm, f"pool-{pools // 2:04d}", timeout=120)
+        peak = rss.stop()
+        errors = [
+            line for line in log_path.read_text(errors="replace").splitlines() if "ERROR" in line
+        ]
+    return {
+        "pools": pools,
+        "replicas": replicas,
+        "env_server_pods": pods,
+        "fake_nodes": nodes,
+        **ramp,
+        "steady_state": steady_figures,
+        "frozen_pod": frozen,
+        "operator_peak_rss_mb": round(peak, 1),
+        "operator_errors": errors[-5:],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pools", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--replicas", type=int, default=10)
+    parser.add_argument("--steady", type=float, default=30.0, help="seconds of steady state")
+    parser.add_argument(
+        "--operator",
+        type=Path,
+        default=Path(sys.executable).parent / "gymkube-operator",
+        help="the gymkube-operator executable to run",
+    )
+    options = parser.parse_args()
+    results = []
+    for pools in options.pools:
+        load_before = os.getloadavg()
+        result = run_size(pools, options.replicas, options.steady, options.operator)
+        result["load_average_before"] = [round(x, 2) for x in load_before]
+        result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+        results.append(result)
+        print(json.dumps(result), file=sys.stderr, flush=True)
+    print(json.dumps({"cpus": os.cpu_count(), "targets": TARGETS, "runs": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
