@@ -7,7 +7,6 @@ cluster (`make test-e2e` brings up the local cluster and sets it). Asking for th
 (`-m e2e`) without a cluster is a usage error, never a silent skip.
 """
 
-import asyncio
 import os
 import re
 import uuid
@@ -15,8 +14,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from e2e_cluster import OPT_IN, Cluster, E2ESettings, api_path, find_tool, wait_until
-from pyhelm3 import Client as HelmClient
+from e2e_cluster import OPT_IN, Cluster, E2ESettings, api_path, wait_until
+from gymkube_dev import chart
+from gymkube_dev.kube import KubeError
 
 NAMESPACE_DELETE_TIMEOUT_S = 300.0
 TEST_NAMESPACE_LABEL = "gymkube-e2e"
@@ -60,7 +60,7 @@ def cluster(settings: E2ESettings) -> Cluster:
     cluster = Cluster(settings)
     try:
         status, answer = cluster.request("GET", api_path("v1", "namespaces"), query={"limit": "1"})
-    except Exception as err:  # any failure here means the kubeconfig does not reach a cluster
+    except KubeError as err:
         raise pytest.UsageError(
             f"the cluster in {settings.kubeconfig} does not answer: {err}"
         ) from err
@@ -87,21 +87,9 @@ def _chart_values(settings: E2ESettings) -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def operator(cluster: Cluster, settings: E2ESettings) -> Iterator[Cluster]:
     """The chart installed (or upgraded) through pyhelm3; uninstalled after the session."""
-    helm = HelmClient(executable=find_tool("helm"), kubeconfig=settings.kubeconfig)
-
-    async def install() -> None:
-        chart = await helm.get_chart(str(settings.chart))
-        await helm.install_or_upgrade_release(
-            settings.release,
-            chart,
-            _chart_values(settings),
-            namespace=settings.operator_namespace,
-            create_namespace=True,
-            wait=True,
-            timeout="5m",
-        )
-
-    asyncio.run(install())
+    namespace = settings.operator_namespace
+    values = _chart_values(settings)
+    chart.install(cluster, settings.release, namespace, values, wait=True, chart_dir=settings.chart)
     yield cluster
     # Test namespaces are deleted without waiting (the next test need not wait for them), but
     # the operator must outlive them: it removes its finalizers from the pools inside.
@@ -111,7 +99,7 @@ def operator(cluster: Cluster, settings: E2ESettings) -> Iterator[Cluster]:
         timeout=NAMESPACE_DELETE_TIMEOUT_S,
         what="every test namespace (label gymkube-e2e) to be deleted",
     )
-    asyncio.run(helm.uninstall_release(settings.release, namespace=settings.operator_namespace))
+    chart.uninstall(cluster, settings.release, namespace, wait=False)
 
 
 @pytest.fixture

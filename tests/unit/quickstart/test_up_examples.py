@@ -6,11 +6,14 @@ from typing import Any
 
 import pytest
 import yaml
+from gymkube_dev import REPO
+from gymkube_dev.examples import example_objects
+from gymkube_dev.objects import cpu_cores
+from gymkube_dev.waits import trains_on_cpu
 from gymkube_operator.envpool.models import EnvPoolSpec
 from gymkube_operator.trainingrun import command
 from gymkube_operator.trainingrun.command import Run, RunTarget
 from gymkube_operator.trainingrun.models import TrainingRunSpec
-from up_module import REPO, up
 
 pytestmark = pytest.mark.unit
 
@@ -27,7 +30,7 @@ def by_kind(objects: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any
 
 @pytest.mark.parametrize("small", [False, True], ids=["as-written", "small-node"])
 def test_every_example_make_up_applies_is_a_valid_pool_or_run(small: bool) -> None:
-    objects = up.example_objects(small)
+    objects = example_objects(small)
     pools = by_kind(objects, "EnvPool")
     runs = by_kind(objects, "TrainingRun")
     assert set(pools) == {"sciworld", "frozen-lake", "frozen-lake-easy"}
@@ -40,13 +43,13 @@ def test_every_example_make_up_applies_is_a_valid_pool_or_run(small: bool) -> No
         assert run.preflight.enabled
     # make up waits for the GPU run's preflight, and for the CPU run to train to the end.
     assert TrainingRunSpec.model_validate(runs["frozen-lake-cpu"]["spec"]).device == "cpu"
-    assert up.trains_on_cpu(runs["frozen-lake-cpu"])
-    assert not up.trains_on_cpu(runs["frozen-lake-grpo"])
+    assert trains_on_cpu(runs["frozen-lake-cpu"])
+    assert not trains_on_cpu(runs["frozen-lake-grpo"])
 
 
 def test_small_node_overrides_change_only_sizes_never_the_pools_identity() -> None:
-    full = by_kind(up.example_objects(False), "EnvPool")
-    small = by_kind(up.example_objects(True), "EnvPool")
+    full = by_kind(example_objects(False), "EnvPool")
+    small = by_kind(example_objects(True), "EnvPool")
     for name in full:
         for key in ("env", "replicas"):
             assert small[name]["spec"][key] == full[name]["spec"][key]
@@ -56,7 +59,7 @@ def test_small_node_overrides_change_only_sizes_never_the_pools_identity() -> No
         < (full["sciworld"]["spec"]["warmSessionsPerReplica"])
     )
     requested = sum(
-        up.cpu_cores(p["spec"]["resources"]["requests"]["cpu"]) * p["spec"]["replicas"]
+        cpu_cores(p["spec"]["resources"]["requests"]["cpu"]) * p["spec"]["replicas"]
         for p in small.values()
     )
     assert requested < 1.0, f"small-node pools still ask for {requested} CPUs"

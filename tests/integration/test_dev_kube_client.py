@@ -1,0 +1,96 @@
+"""The dev tooling's one cluster client (gymkube_dev.kube, used by `make up`, `make down` and the
+e2e suite) against a real API server: the CRDs and examples applied server-side, a run that
+failed last time deleted and waited for, the examples deleted (their finalizers removed when no
+operator releases them), a cluster that does not answer named as such."""
+
+import pytest
+import yaml
+from controlplane import ControlPlane
+from gymkube_dev import chart, examples
+from gymkube_dev.errors import StepError
+from gymkube_dev.kube import Kube, KubeError, gymkube_path
+from gymkube_dev.ports import free_port
+from gymkube_dev.settings import UpSettings
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def client(kube: ControlPlane) -> Kube:
+    client = Kube(kube.kubeconfig)
+    assert chart.apply_crds(client) == ["envpools.gymkube.io", "trainingruns.gymkube.io"]
+    kube.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s",
+        "crd/envpools.gymkube.io", "crd/trainingruns.gymkube.io",
+    )  # fmt: skip
+    return client
+
+
+def test_examples_are_applied_read_back_and_deleted_with_kubectls_words(
+    client: Kube, namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = UpSettings(namespace=namespace, poll_interval_s=0.2)
+    objects = examples.example_objects(small=True)
+    examples.apply_examples(client, settings, objects)
+    out = capsys.readouterr().out
+    assert "envpool.gymkube.io/sciworld serverside-applied" in out
+    assert "trainingrun.gymkube.io/frozen-lake-cpu serverside-applied" in out
+    pool = examples.gymkube_object(client, "EnvPool", namespace, "sciworld")
+    assert pool is not None
+    assert pool["spec"]["warmSessionsPerReplica"] == 1  # the small-node override
+    examples.apply_examples(client, settings, objects)  # idempotent
+
+    examples.delete_examples(client, settings)
+    out = capsys.readouterr().out
+    assert 'envpool.gymkube.io "sciworld" deleted' in out
+    assert "examples: deleted in" in out
+    assert examples.gymkube_object(client, "EnvPool", namespace, "sciworld") is None
+
+
+def test_examples_no_operator_releases_lose_their_finalizers(
+    client: Kube, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(examples, "DELETE_TIMEOUT_S", 1.0)
+    settings = UpSettings(namespace=namespace, poll_interval_s=0.2)
+    examples.apply_examples(client, settings, examples.example_objects(small=True))
+    path = gymkube_path("envpools", namespace, "frozen-lake")
+    client.patch(path, {"metadata": {"finalizers": ["gymkube.io/test"]}})
+    examples.delete_examples(client, settings)
+    assert client.get(path) is None
+
+
+def test_a_failed_run_is_deleted_and_waited_for(client: Kube, namespace: str) -> None:
+    settings = UpSettings(namespace=namespace, poll_interval_s=0.2)
+    objects = examples.example_objects(small=True)
+    examples.apply_examples(client, settings, objects)
+    path = gymkube_path("trainingruns", namespace, "frozen-lake-cpu")
+    failed = {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}
+    failed |= {"message": "m", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+    status, answer = client.request("PATCH", path + "/status", {"status": {"conditions": [failed]}})
+    assert status == 200, answer
+    examples.retry_failed_runs(client, settings, objects)
+    assert client.get(path) is None
+    assert client.get(gymkube_path("trainingruns", namespace, "frozen-lake-grpo")) is not None
+
+
+def test_a_bad_object_and_an_absent_kind_are_clear_errors(client: Kube, namespace: str) -> None:
+    bad = yaml.safe_load(
+        "apiVersion: gymkube.io/v1alpha1\nkind: EnvPool\nmetadata: {name: bad}\n"
+        "spec: {env: sciworld, replicas: -1}"
+    )
+    with pytest.raises(KubeError, match=r"applying envpool/bad: .*replicas"):
+        client.apply(bad, field_manager="test", namespace=namespace)
+    absent = {"apiVersion": "example.com/v1", "kind": "Nothing", "metadata": {"name": "x"}}
+    with pytest.raises(KubeError, match=r"example\.com/v1 Nothing is not served"):
+        client.apply(absent, field_manager="test", namespace=namespace)
+
+
+def test_a_cluster_that_does_not_answer_is_named(kube: ControlPlane) -> None:
+    config = yaml.safe_load(kube.kubeconfig.read_text())
+    config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{free_port()}"
+    gone = kube.kubeconfig.parent / "unreachable.kubeconfig"
+    gone.write_text(yaml.safe_dump(config))
+    client = Kube(gone)
+    assert not client.reachable()
+    with pytest.raises(StepError, match="does not answer"):
+        client.get("/api/v1/nodes")
