@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from gymkube_envserver.router.app import _swap_id
+from gymkube_envserver.router.bodies import swap_id
 from gymkube_envserver.router.pool import Backend, address_token, token_address
 from gymkube_envserver.router.settings import RouterSettings
 from pydantic import ValidationError
@@ -45,7 +45,7 @@ def test_token_address_rejects_what_is_not_an_address(token: str) -> None:
 def test_swapping_the_id_changes_only_the_id(message: dict[str, object]) -> None:
     body = json.dumps(message).encode()
     rewritten = {**message, "id": "7"}
-    assert json.loads(_swap_id(body, rewritten, "tok.7", "7")) == rewritten
+    assert json.loads(swap_id(body, rewritten, "tok.7", "7")) == rewritten
 
 
 def test_settings_come_from_env_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,8 +10,8 @@ import httpx
 import pytest
 import requests
 from gymkube_agentloop.client import EnvClient
-from gymkube_envserver.router.app import RouterStatus
 from gymkube_envserver.router.pool import address_token, token_address
+from gymkube_envserver.router.status import RouterStatus
 from gymkube_envserver.wire import MAX_ACTION_CHARS
 from router_harness import Proc, Procs, active_sessions, backend_id, play_until_done, wait_all
 

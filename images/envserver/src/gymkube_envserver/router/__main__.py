@@ -1,3 +1,3 @@
-from gymkube_envserver.router.app import main
+from gymkube_envserver.router.cli import main
 
 main()

@@ -1,4 +1,4 @@
-"""``gymkube-router``: the aiohttp server, its dispatch and the HTTP session endpoints.
+"""The router's aiohttp handler: dispatch, the HTTP session endpoints and WebSocket placement.
 
 Stateless: a session id names its backend (see ``pool``), so any replica routes any
 session. Request and response bodies pass through as bytes; only the ``id`` is parsed and
@@ -10,21 +10,25 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import signal
-import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from json.encoder import encode_basestring_ascii
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 from urllib.parse import urlencode
 
 import aiohttp
 from aiohttp import web
 from multidict import MultiDict
-from pydantic import BaseModel, ValidationError
-from pydantic_settings import SettingsError
 
 from gymkube_envserver.openenv import CloseCode, OpenEnvErrorCode, error_frame
+from gymkube_envserver.router.bodies import (
+    JSON,
+    http_request,
+    json_response,
+    passed_headers,
+    rewrite_id,
+    swap_id,
+    was_open,
+)
 from gymkube_envserver.router.endpoints import (
     ANY_BACKEND_ENDPOINTS,
     ID_RESPONSES,
@@ -32,47 +36,14 @@ from gymkube_envserver.router.endpoints import (
     TUNNEL_ENDPOINT,
 )
 from gymkube_envserver.router.metrics import RouterMetrics
-from gymkube_envserver.router.pool import Backend, BackendState, Pool, RoutingError, session_lost
+from gymkube_envserver.router.pool import Backend, Pool, RoutingError, session_lost
 from gymkube_envserver.router.settings import RouterSettings
+from gymkube_envserver.router.status import pool_status
 from gymkube_envserver.router.tunnel import Tunnel
-from gymkube_envserver.router.upstream import ConnectFailed, ConnectionDropped, Reply, Upstream
+from gymkube_envserver.router.upstream import ConnectFailed, ConnectionDropped, Upstream
 from gymkube_envserver.wire import ERROR_STATUS, RETRY_AFTER_CODES, ErrorCode, error_body
 
 log = logging.getLogger("gymkube.router")
-
-JSON = "application/json"
-
-
-class BackendView(BaseModel):
-    address: str
-    state: BackendState
-    capacity: int
-    active: int
-    warm: int
-    draining: bool
-    ready: bool
-    served: int
-    placed: int
-    errors: int
-    lost: int
-    last_error: str | None
-    last_poll_age_s: float | None
-
-
-class RouterStatus(BaseModel):
-    """The pool as one router replica sees it; totals count backends that take sessions."""
-
-    ready: bool
-    capacity: int
-    active: int
-    warm: int
-    free: int
-    backends_ready: int
-    backends_total: int
-    placed: int
-    errors: int
-    lost: int
-    backends: list[BackendView]
 
 
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
@@ -84,17 +55,6 @@ class BackendGone(Exception):
     def __init__(self, backend: Backend) -> None:
         super().__init__(backend.address)
         self.backend = backend
-
-
-def _json_response(
-    status: int, payload: Any, headers: Mapping[str, str] | None = None
-) -> web.Response:
-    return web.Response(body=_dumps(payload), status=status, content_type=JSON, headers=headers)
-
-
-def _error(error: RoutingError, retry_after: int) -> web.Response:
-    headers = {"Retry-After": str(retry_after)} if error.code in RETRY_AFTER_CODES else None
-    return _json_response(ERROR_STATUS[error.code], error_body(error.code, error.message), headers)
 
 
 class Router:
@@ -185,7 +145,7 @@ class Router:
             elif request.method == "GET":
                 response = await self._route_query(request, path)
             else:
-                response = _json_response(
+                response = json_response(
                     405, error_body(ErrorCode.METHOD_NOT_ALLOWED, f"{request.method} {path}")
                 )
         except RoutingError as exc:
@@ -194,12 +154,12 @@ class Router:
             exc.backend.lost += 1
             response = _error(session_lost(exc.backend), self.settings.retry_after)
         except web.HTTPRequestEntityTooLarge as exc:
-            response = _json_response(
+            response = json_response(
                 413, error_body(ErrorCode.PAYLOAD_TOO_LARGE, exc.text or "request body too large")
             )
         except Exception:
             log.exception("router failed on %s %s", request.method, path)
-            response = _json_response(
+            response = json_response(
                 500, error_body(ErrorCode.INTERNAL, "the router failed; see its log")
             )
         upstream = request.get("upstream_seconds", 0.0)
@@ -230,9 +190,9 @@ class Router:
             backend,
             b"POST",
             request.raw_path,
-            _swap_id(body, message, session_id, backend_id),
+            swap_id(body, message, session_id, backend_id),
         )
-        if path == "/close" and status < 300 and _was_open(payload):
+        if path == "/close" and status < 300 and was_open(payload):
             self.pool.closed(backend)
         return self._respond(backend, path, status, payload, headers)
 
@@ -251,7 +211,7 @@ class Router:
         self, backend: Backend, path: str, status: int, payload: bytes, headers: dict[str, str]
     ) -> web.Response:
         if status < 300 and path in ID_RESPONSES:
-            payload = _rewrite_id(backend, payload)
+            payload = rewrite_id(backend, payload)
         return web.Response(body=payload, status=status, headers=headers)
 
     async def _forward(
@@ -263,7 +223,7 @@ class Router:
         body: bytes | None,
     ) -> tuple[int, bytes, dict[str, str]]:
         """One backend call; raises ``BackendGone`` when the server is not there any more."""
-        raw = _http_request(method, target.encode(), backend.host_header, body)
+        raw = http_request(method, target.encode(), backend.host_header, body)
         task: asyncio.Task[Any] | None = asyncio.current_task()
         assert task is not None
         sent = time.perf_counter()
@@ -276,7 +236,7 @@ class Router:
                     reply = await self._upstream.call(
                         backend.host, backend.port, raw, fresh=attempt == 2
                     )
-                    return reply.status, reply.body, _passed_headers(reply)
+                    return reply.status, reply.body, passed_headers(reply)
                 except ConnectFailed:
                     backend.errors += 1
                     break
@@ -366,13 +326,13 @@ class Router:
         client = web.WebSocketResponse(autoping=True, compress=False, max_msg_size=0)
         if not client.can_prepare(request).ok:
             message = f"{TUNNEL_ENDPOINT} takes WebSocket upgrades"
-            return _json_response(400, error_body(ErrorCode.BAD_REQUEST, message))
+            return json_response(400, error_body(ErrorCode.BAD_REQUEST, message))
         placed = await self._place_websocket()
         await client.prepare(request)
         if placed is None:
             # OpenEnv's own answer to a full server, which its clients raise from the first reset.
             self.metrics.pool_full += 1
-            status = self.status()
+            status = pool_status(self.pool)
             await client.send_str(
                 error_frame(
                     OpenEnvErrorCode.CAPACITY_REACHED,
@@ -456,15 +416,16 @@ class Router:
         return web.Response(body=payload, status=status, headers=headers)
 
     async def _healthz(self, request: web.BaseRequest) -> web.StreamResponse:
-        return _json_response(200, {"status": "ok"})
+        return json_response(200, {"status": "ok"})
 
     async def _readyz(self, request: web.BaseRequest) -> web.StreamResponse:
         ready = self.pool.any_ready() is not None
         reason = "at least one env server takes sessions" if ready else "no ready env server"
-        return _json_response(200 if ready else 503, {"ready": ready, "reason": reason})
+        return json_response(200 if ready else 503, {"ready": ready, "reason": reason})
 
     async def _status(self, request: web.BaseRequest) -> web.StreamResponse:
-        return web.Response(body=self.status().model_dump_json().encode(), content_type=JSON)
+        status = pool_status(self.pool)
+        return web.Response(body=status.model_dump_json().encode(), content_type=JSON)
 
     async def _metrics_text(self, request: web.BaseRequest) -> web.StreamResponse:
         return web.Response(
@@ -472,151 +433,7 @@ class Router:
             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
         )
 
-    def status(self) -> RouterStatus:
-        now = time.time()
-        views = [_backend_view(backend, now) for backend in self.pool.backends.values()]
-        taking = [view for view in views if view.state == "ready"]
-        return RouterStatus(
-            ready=bool(taking),
-            capacity=sum(view.capacity for view in taking),
-            active=sum(view.active for view in taking),
-            warm=sum(view.warm for view in taking),
-            free=sum(
-                max(0, backend.free) for backend in self.pool.backends.values() if backend.placeable
-            ),
-            backends_ready=len(taking),
-            backends_total=len(views),
-            placed=sum(view.placed for view in views),
-            errors=sum(view.errors for view in views),
-            lost=sum(view.lost for view in views),
-            backends=views,
-        )
 
-
-def _backend_view(backend: Backend, now: float) -> BackendView:
-    status = backend.status
-    return BackendView(
-        address=backend.address,
-        state=backend.state,
-        capacity=status.capacity if status else 0,
-        active=status.active if status else 0,
-        warm=status.warm if status else 0,
-        draining=status.draining if status else False,
-        ready=backend.placeable,
-        served=status.served if status else 0,
-        placed=backend.placed,
-        errors=backend.errors,
-        lost=backend.lost,
-        last_error=backend.last_error,
-        last_poll_age_s=None if backend.last_poll_at is None else now - backend.last_poll_at,
-    )
-
-
-def _passed_headers(reply: Reply) -> dict[str, str]:
-    content_type = reply.content_type.decode("latin-1") if reply.content_type else JSON
-    if reply.retry_after is None:
-        return {"Content-Type": content_type}
-    return {"Content-Type": content_type, "Retry-After": reply.retry_after.decode("latin-1")}
-
-
-def _http_request(method: bytes, target: bytes, host_header: bytes, body: bytes | None) -> bytes:
-    if body is None:
-        return b"%s %s HTTP/1.1\r\n%s\r\n" % (method, target, host_header)
-    return b"%s %s HTTP/1.1\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
-        method,
-        target,
-        host_header,
-        len(body),
-        body,
-    )
-
-
-def _dumps(message: Any) -> bytes:
-    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def _swap_id(body: bytes, message: dict[str, Any], old: str, new: str) -> bytes:
-    """``body`` with its id ``old`` replaced by ``new`` (``message`` is body parsed, new id set).
-
-    Splicing the bytes is several times cheaper than re-encoding. It is exact when the quoted
-    id occurs once: inside another JSON string its quotes would be escaped.
-    """
-    needle = encode_basestring_ascii(old).encode()
-    if body.count(needle) == 1:
-        return body.replace(needle, encode_basestring_ascii(new).encode())
-    return _dumps(message)
-
-
-def _was_open(close_payload: bytes) -> bool:
-    try:
-        message = json.loads(close_payload.decode())
-    except ValueError:
-        return True
-    return not isinstance(message, dict) or message.get("was_open") is not False
-
-
-def _rewrite_id(backend: Backend, payload: bytes) -> bytes:
-    try:
-        message = json.loads(payload.decode())
-    except ValueError:
-        return payload
-    if isinstance(message, dict) and isinstance(message.get("id"), str):
-        backend_id = message["id"]
-        message["id"] = backend.session_id(backend_id)
-        return _swap_id(payload, message, backend_id, message["id"])
-    return payload
-
-
-# -- entry point -----------------------------------------------------------------------------
-
-
-async def serve(settings: RouterSettings, started: asyncio.Event | None = None) -> None:
-    """Run the router until cancelled."""
-    router = Router(settings)
-    await router.start()
-    server = web.Server(router.handle, access_log=None)
-    runner = web.ServerRunner(server)
-    await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port, reuse_address=True)
-    await site.start()
-    log.info("gymkube-router listening on %s:%d", settings.host, settings.port)
-    if started is not None:
-        started.set()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    try:
-        await stop.wait()
-        log.info("gymkube-router stopping: finishing requests in flight")
-    finally:
-        await router.close_tunnels()
-        await runner.cleanup()
-        await router.stop()
-        log.info("gymkube-router stopped")
-
-
-def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    try:
-        settings = RouterSettings(_cli_parse_args=sys.argv[1:] if argv is None else argv)
-    except ValidationError as exc:
-        for error in exc.errors():
-            where = ".".join(str(part) for part in error["loc"]) or "settings"
-            print(f"gymkube-router: {where}: {error['msg']}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except SettingsError as exc:
-        print(f"gymkube-router: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    try:
-        import uvloop
-    except ImportError:
-        runner = asyncio.Runner()
-    else:
-        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
-    with runner:
-        runner.run(serve(settings))
-
-
-if __name__ == "__main__":
-    main()
+def _error(error: RoutingError, retry_after: int) -> web.Response:
+    headers = {"Retry-After": str(retry_after)} if error.code in RETRY_AFTER_CODES else None
+    return json_response(ERROR_STATUS[error.code], error_body(error.code, error.message), headers)
