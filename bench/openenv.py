@@ -40,8 +40,8 @@ sys.path.insert(0, str(REPO_ROOT / "tests" / "unit" / "router"))
 sys.path.insert(0, str(REPO_ROOT / "tests" / "unit" / "openenv"))
 sys.path.append(str(BENCH))
 
+from measure import cpu_seconds  # noqa: E402
 from openenv_sudoku import GAME, openenv_sudoku_server  # noqa: E402
-from router import cpu_seconds  # noqa: E402
 from router_harness import Proc, Procs  # noqa: E402
 from sections import finish, run_async_section  # noqa: E402
 
