@@ -30,7 +30,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,6 +42,7 @@ from typing import Any
 
 import aiohttp
 import httpx
+from gymkube_dev.ports import free_port
 from gymkube_envserver.envs.sciworld import jvm_tool_options
 from gymkube_envserver.settings import DEFAULT_JVM_OPTIONS
 from sections import finish, run_section
@@ -70,12 +70,6 @@ BATCH_STEPS = STEP_ACTIONS[:3]
 
 def p50(values: list[float]) -> float:
     return round(statistics.median(values), 2)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager

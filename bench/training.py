@@ -28,7 +28,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -52,6 +51,7 @@ from gymkube_agentloop.agent_loop import GymkubeEnvAgentLoop  # noqa: E402
 from gymkube_agentloop.client import EnvClient, close_shared_session  # noqa: E402
 from gymkube_agentloop.templates import BUILTIN_TEMPLATES  # noqa: E402
 from gymkube_agentloop.train import PROGRESS_PREFIX  # noqa: E402
+from gymkube_dev.ports import free_port  # noqa: E402
 from gymkube_envserver.app import create_app  # noqa: E402
 from gymkube_envserver.settings import ServerSettings  # noqa: E402
 from gymkube_operator.trainingrun import command, device  # noqa: E402
@@ -69,13 +69,6 @@ SERVER_TIME = re.compile(
 )
 ENV_ENDPOINTS = {"/create", "/reset", "/step", "/close"}
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def wait_ready(url: str, timeout_s: float = 60.0) -> None:

@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from typing import Any, TypeVar
 import kubernetes
 import pytest
 from controlplane import ControlPlane
+from gymkube_dev.ports import free_port
 from gymkube_operator.crds.catalog import package_file
 from gymkube_operator.envpool.resource import ENVPOOL
 
@@ -220,13 +220,6 @@ def running_operator(
     finally:
         operator.stop()
         print(f"--- operator log ({log_path}) ---\n{operator.log_tail()}")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class EnvServer:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 from controlplane import REPO_ROOT, ControlPlane, KubectlError
+from gymkube_dev.ports import free_port
 from gymkube_operator.envpool.builders import build_children, owner, parse_spec
 from gymkube_operator.settings import OperatorSettings
 
@@ -417,12 +417,6 @@ def test_the_pool_policies_let_in_the_operator_pod_the_chart_runs(kube: ControlP
     assert settings.operator_pod_labels == deployment["spec"]["selector"]["matchLabels"]
     off = chart_operator_env(kube, "gymkube-system", "--set", "networkPolicy.enabled=false")
     assert off["GYMKUBE_NETWORK_POLICY"] == "false"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_for(what: str, probe: Callable[[], bool], log: Path, timeout: float = 60.0) -> None:

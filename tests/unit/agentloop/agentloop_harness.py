@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,6 +17,7 @@ from typing import Any
 
 import hydra
 from gymkube_agentloop.templates import BUILTIN_TEMPLATES, template_for_env
+from gymkube_dev.ports import free_port
 from omegaconf import OmegaConf
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
@@ -43,13 +43,6 @@ AGENT_YAML = """\
   _target_: gymkube_agentloop.agent_loop.GymkubeEnvAgentLoop
   env_url: {env_url}
 """
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class ServerProcess:

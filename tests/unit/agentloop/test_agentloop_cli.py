@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from agentloop_harness import EnvServer, ScriptedLLM, cli, free_port, instantiate_loop
+from agentloop_harness import EnvServer, ScriptedLLM, cli, instantiate_loop
 from gymkube_agentloop.dataset import sample_indices
 from gymkube_agentloop.policies import FrozenLakeShortestPath
 from gymkube_agentloop.templates import BUILTIN_TEMPLATES
+from gymkube_dev.ports import free_port
 from omegaconf import OmegaConf
 from transformers import PreTrainedTokenizerFast
 from verl.utils.dataset.rl_dataset import RLHFDataset

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from agentloop_harness import EnvServer, Router, ScriptedLLM, free_port, instantiate_loop, run_row
+from agentloop_harness import EnvServer, Router, ScriptedLLM, instantiate_loop, run_row
+from gymkube_dev.ports import free_port
 from transformers import PreTrainedTokenizerFast
 
 pytestmark = pytest.mark.unit

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from gymkube_dev.ports import free_port
 from gymkube_envserver.wire import ErrorCode
-from test_envserver_cli import free_port
 
 pytestmark = pytest.mark.unit
 

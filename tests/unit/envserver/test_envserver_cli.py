@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -11,16 +10,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from gymkube_dev.ports import free_port
 
 pytestmark = pytest.mark.unit
 
 CLI = str(Path(sys.executable).with_name("gymkube-envserver"))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_flags_and_environment_configure_a_running_server() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,17 +15,11 @@ from typing import IO
 
 import httpx
 import pytest
+from gymkube_dev.ports import free_port
 
 STARTUP_TIMEOUT = 60.0
 # Fast polling so the tests see pool changes quickly; production defaults are slower.
 FAST_POLLING = ["--poll-interval", "0.2", "--poll-timeout", "0.5", "--dead-after", "2"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass

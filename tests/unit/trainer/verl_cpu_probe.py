@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import verl  # noqa: F401  (imports the external module, as in every verl process)
+from gymkube_dev.ports import free_port
 
 
 def outcome(check: Callable[[], Any]) -> dict[str, Any]:
@@ -26,13 +26,6 @@ def outcome(check: Callable[[], Any]) -> dict[str, Any]:
         return {"ok": True, "value": check()}
     except Exception as exc:
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def device() -> dict[str, str]:
