@@ -19,7 +19,6 @@ REPO_ROOT=$(cd "$GYMKUBE_HACK_DIR/.." && pwd)
 PY=${PYTHON:-$REPO_ROOT/.venv/bin/python}
 DOCKER=${DOCKER:-docker}
 WHEELS_DIR=$REPO_ROOT/out/wheels
-DEFAULT_IMAGES=(envserver router operator preflight trainer-cpu openenv-sudoku)
 
 log() { printf 'build-images: %s\n' "$*" >&2; }
 die() {
@@ -59,9 +58,8 @@ declare -A NO_DEPS_SPECS=([operator]="verl")
 declare -A LOCKED=([trainer-cpu]="requirements/trainer-cpu.lock requirements/smollm2.txt")
 LOCKED_DIR=$REPO_ROOT/out
 
-chart_app_version() {
-	sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' "$REPO_ROOT/charts/gymkube/Chart.yaml"
-}
+# The image names and the default tag (the chart's appVersion) come from gymkube_dev.images.
+images_cli() { PYTHONPATH="$GYMKUBE_HACK_DIR${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m gymkube_dev.images "$1"; }
 
 now() { echo "$EPOCHREALTIME"; }
 elapsed() { awk -v since="$1" -v now="$EPOCHREALTIME" 'BEGIN { printf "%.1f", now - since }'; }
@@ -155,15 +153,18 @@ check_python_abi() { # $1: base image
 }
 
 images=("$@")
-((${#images[@]})) || images=("${DEFAULT_IMAGES[@]}")
+[[ -x $PY ]] || die "$PY not found; run 'make install' first or set PYTHON"
+if ((${#images[@]} == 0)); then
+	names=$(images_cli names)
+	mapfile -t images <<<"$names"
+fi
 for image in "${images[@]}"; do
 	[[ -v RECIPE[$image] ]] || die "unknown image '$image' (known: ${!RECIPE[*]})"
 done
-[[ -x $PY ]] || die "$PY not found; run 'make install' first or set PYTHON"
 
 "$GYMKUBE_HACK_DIR/ensure-docker.sh"
 PREFIX=${GYMKUBE_IMAGE_PREFIX:-gymkube}
-TAG=${GYMKUBE_IMAGE_TAG:-$(chart_app_version)}
+TAG=${GYMKUBE_IMAGE_TAG:-$(images_cli tag)}
 [[ -n $TAG ]] || die "no image tag: set GYMKUBE_IMAGE_TAG or appVersion in charts/gymkube/Chart.yaml"
 REVISION=$(git -C "$REPO_ROOT" rev-parse HEAD 2>/dev/null || echo unknown)
 

@@ -16,9 +16,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-CHART = REPO_ROOT / "charts" / "gymkube"
-BASE = REPO_ROOT / "kustomize" / "base"
+from gymkube_dev import CHART, HACK, REPO
+from gymkube_dev.tools import find_tool
+
+BASE = REPO / "kustomize" / "base"
 RELEASE = "gymkube"
 NAMESPACE = "gymkube-system"
 HEADER = "# Generated from charts/gymkube by hack/render_kustomize_base.py. Do not edit.\n"
@@ -31,16 +32,8 @@ LAYOUT = {
 SOURCE_LINE = re.compile(r"^# Source: gymkube/templates/(\S+)\n", re.MULTILINE)
 
 
-def tool(name: str) -> str:
-    bin_dir = subprocess.run(
-        ["bash", str(REPO_ROOT / "hack" / "tool-path.sh")],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
-    return str(Path(bin_dir) / name)
-
-
 def kubernetes_version() -> str:
-    versions = (REPO_ROOT / "hack" / "versions.env").read_text()
+    versions = (HACK / "versions.env").read_text()
     match = re.search(r"^KUBERNETES_VERSION=(\S+)$", versions, re.MULTILINE)
     if match is None:
         raise SystemExit("render_kustomize_base: no KUBERNETES_VERSION in hack/versions.env")
@@ -64,7 +57,7 @@ def kustomization(resources: list[str]) -> str:
 
 def wanted_files() -> dict[Path, str]:
     rendered = subprocess.run(
-        [tool("helm"), "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+        [find_tool("helm"), "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
          "--kube-version", kubernetes_version()],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
@@ -95,12 +88,12 @@ def main() -> None:
     stale = [path for path, text in files.items() if not path.is_file() or path.read_text() != text]
     if options.check:
         for path in stale:
-            print(f"out of date: {path.relative_to(REPO_ROOT)} (run hack/render_kustomize_base.py)")
+            print(f"out of date: {path.relative_to(REPO)} (run hack/render_kustomize_base.py)")
         sys.exit(1 if stale else 0)
     for path in stale:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(files[path])
-        print(f"wrote {path.relative_to(REPO_ROOT)}")
+        print(f"wrote {path.relative_to(REPO)}")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -33,8 +32,9 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
+
+from gymkube_dev.images import IMAGES, PREFIX, app_version, image_ref
 
 POD_LIKE = [
     "--read-only",
@@ -46,16 +46,6 @@ POD_LIKE = [
 ]
 READY_TIMEOUT_S = 180.0
 FROZEN_LAKE_MOVES = ["right", "down", "right", "down", "left", "up"]
-
-
-CHART = Path(__file__).resolve().parent.parent / "charts" / "gymkube" / "Chart.yaml"
-
-
-def chart_app_version() -> str:
-    match = re.search(r'^appVersion:\s*"?([^"\s]+)"?\s*$', CHART.read_text(), re.MULTILINE)
-    if match is None:
-        raise SystemExit(f"smoke_images: no appVersion in {CHART}")
-    return match.group(1)
 
 
 class SmokeError(Exception):
@@ -170,11 +160,10 @@ def report(check: str, started: float, **details: Any) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--prefix", default=os.environ.get("GYMKUBE_IMAGE_PREFIX", "gymkube"))
-    parser.add_argument("--tag", default=os.environ.get("GYMKUBE_IMAGE_TAG") or chart_app_version())
+    parser.add_argument("--prefix", default=os.environ.get("GYMKUBE_IMAGE_PREFIX", PREFIX))
+    parser.add_argument("--tag", default=os.environ.get("GYMKUBE_IMAGE_TAG") or app_version())
     options = parser.parse_args()
-    image = {name: f"{options.prefix}/{name}:{options.tag}" for name in
-             ("envserver", "router", "operator", "preflight", "trainer-cpu")}  # fmt: skip
+    image = {name: image_ref(name, options.tag, options.prefix) for name in IMAGES}
     network = docker("network", "create", f"gymkube-smoke-{uuid.uuid4().hex[:8]}")
     try:
         started = time.monotonic()

@@ -17,11 +17,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # shellcheck source=lib/kind-common.sh
 source hack/lib/kind-common.sh
 
-tag=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/gymkube/Chart.yaml)
-images=()
-for component in envserver router operator preflight trainer-cpu openenv-sudoku; do
-	images+=("gymkube/$component:$tag")
-done
+# The images `make images` built, tagged with the chart's appVersion (gymkube_dev.images).
+tag=$(.venv/bin/python -m gymkube_dev.images tag)
+refs=$(.venv/bin/python -m gymkube_dev.images refs)
+mapfile -t images <<<"$refs"
 
 say() { printf 'test-e2e: %s\n' "$*" >&2; }
 

@@ -19,6 +19,7 @@ IMAGE_INPUTS = (
     "requirements",
     "hack/build-images.sh",
     "hack/base-image.sh",
+    "examples/openenv-sudoku",
     ".dockerignore",
     "charts/gymkube/Chart.yaml",
 )

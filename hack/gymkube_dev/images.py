@@ -14,8 +14,9 @@ import yaml
 
 from gymkube_dev import CHART
 
-IMAGES = ("envserver", "router", "operator", "preflight", "trainer-cpu")
-"""What `make images` builds and `make up` and the e2e suite load into a cluster."""
+IMAGES = ("envserver", "router", "operator", "preflight", "trainer-cpu", "openenv-sudoku")
+"""What `make images` builds by default, and `make up` and the e2e suite load into a cluster
+(openenv-sudoku: the bring-your-own OpenEnv server example)."""
 PREFIX = "gymkube"
 
 

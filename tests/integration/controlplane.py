@@ -35,6 +35,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from gymkube_dev.tools import tool_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REQUIRED_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl")
@@ -59,13 +60,11 @@ class KubectlError(subprocess.CalledProcessError):
 
 def tool_bin_dir() -> Path:
     """The directory of the pinned binaries, as hack/build-tools.sh lays it out."""
-    out = subprocess.run(
-        ["bash", str(REPO_ROOT / "hack" / "tool-path.sh")],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    bin_dir = Path(out.stdout.strip())
+    bin_dir = tool_dir()
+    if bin_dir is None:
+        raise ControlPlaneError(
+            "hack/tool-path.sh did not answer; build the tools with `make tools`"
+        )
     missing = [name for name in REQUIRED_BINARIES if not (bin_dir / name).is_file()]
     if missing:
         raise ControlPlaneError(
