@@ -261,23 +261,20 @@ def _announce_degradation(body: kopf.Body, before: EnvPoolStatus, after: EnvPool
 def _register_indexes(registry: kopf.OperatorRegistry, keyed: Keyed) -> None:
     """Indexes of each pool's StatefulSet, router Deployment and env-server pods: they replace API
     reads in each pass. Async, so they run on the event loop."""
-    pool_children = {POOL_LABEL: kopf.PRESENT}
+    # Label filters: a value or kopf.PRESENT.
+    router: dict[str, Any] = {POOL_LABEL: kopf.PRESENT, COMPONENT_LABEL: ROUTER}
+    envserver: dict[str, Any] = {POOL_LABEL: kopf.PRESENT, COMPONENT_LABEL: ENVSERVER}
 
-    @kopf.index("statefulsets", id=STATEFULSETS_INDEX, labels=pool_children, registry=registry)
-    @kopf.index(
-        "deployments",
-        id=ROUTERS_INDEX,
-        labels={**pool_children, COMPONENT_LABEL: ROUTER},
-        registry=registry,
-    )
+    pool = {POOL_LABEL: kopf.PRESENT}
+
+    @kopf.index("statefulsets", id=STATEFULSETS_INDEX, labels=pool, registry=registry)
+    @kopf.index("deployments", id=ROUTERS_INDEX, labels=router, registry=registry)
     async def envpool_workloads(
         namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
     ) -> dict[PoolKey, Object]:
         return keyed(namespace, labels, _slim_workload(body))
 
-    pod_labels = {**pool_children, COMPONENT_LABEL: ENVSERVER}
-
-    @kopf.index("pods", id=PODS_INDEX, labels=pod_labels, registry=registry)
+    @kopf.index("pods", id=PODS_INDEX, labels=envserver, registry=registry)
     async def envpool_pods(
         namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
     ) -> dict[PoolKey, Object]:
