@@ -6,7 +6,7 @@ operator releases them), a cluster that does not answer named as such."""
 import pytest
 import yaml
 from controlplane import ControlPlane
-from gymkube_dev import chart, examples
+from gymkube_dev import chart, diagnostics, examples
 from gymkube_dev.errors import StepError
 from gymkube_dev.kube import Kube, KubeError, gymkube_path
 from gymkube_dev.ports import free_port
@@ -94,3 +94,27 @@ def test_a_cluster_that_does_not_answer_is_named(kube: ControlPlane) -> None:
     assert not client.reachable()
     with pytest.raises(StepError, match="does not answer"):
         client.get("/api/v1/nodes")
+
+
+def test_the_chart_installs_once_and_uninstalls_through_pyhelm3(
+    client: Kube, namespace: str
+) -> None:
+    """No nodes here: the operator pod stays Pending, which is all a release needs."""
+    values = chart.up_values("sha256:test")
+    assert chart.install(client, "devtool", namespace, values) == 1
+    assert chart.install(client, "devtool", namespace, values) == 1  # unchanged: no upgrade
+    deployments = f"/apis/apps/v1/namespaces/{namespace}/deployments"
+    assert client.names(deployments, chart.release_selector("devtool")) == ["devtool-gymkube"]
+    assert chart.uninstall(client, "devtool", namespace, wait=False)
+    assert not chart.uninstall(client, "devtool", namespace, wait=False)
+
+
+def test_the_diagnostics_dump_has_every_section_even_when_there_is_little_to_say(
+    client: Kube, namespace: str
+) -> None:
+    text = diagnostics.dump(client, namespace, namespace, "gymkube")
+    titles = [line for line in text.splitlines() if line.startswith("===== ")]
+    assert titles == [
+        f"===== {title} =====" for title in diagnostics.sections(namespace, namespace, "gymkube")
+    ]
+    assert f"No resources found in {namespace} namespace." in text  # kubectl's own words
