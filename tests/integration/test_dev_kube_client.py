@@ -1,16 +1,19 @@
 """The dev tooling's one cluster client (gymkube_dev.kube, used by `make up`, `make down` and the
 e2e suite) against a real API server: the CRDs and examples applied server-side, a run that
 failed last time deleted and waited for, the examples deleted (their finalizers removed when no
-operator releases them), a cluster that does not answer named as such."""
+operator releases them), the chart installed and uninstalled, `make down` as a whole, the
+diagnostics dump, a cluster that does not answer named as such."""
+
+from pathlib import Path
 
 import pytest
 import yaml
 from controlplane import ControlPlane
-from gymkube_dev import chart, diagnostics, examples
+from gymkube_dev import chart, commands, diagnostics, examples
 from gymkube_dev.errors import StepError
 from gymkube_dev.kube import Kube, KubeError, gymkube_path
 from gymkube_dev.ports import free_port
-from gymkube_dev.settings import UpSettings
+from gymkube_dev.settings import UpSettings, UpState, load_state, save_state
 
 pytestmark = pytest.mark.integration
 
@@ -118,3 +121,30 @@ def test_the_diagnostics_dump_has_every_section_even_when_there_is_little_to_say
         f"===== {title} =====" for title in diagnostics.sections(namespace, namespace, "gymkube")
     ]
     assert f"No resources found in {namespace} namespace." in text  # kubectl's own words
+
+
+def test_make_down_takes_out_the_examples_and_the_release_and_leaves_the_cluster(
+    kube: ControlPlane,
+    client: Kube,
+    namespace: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`make down` on a cluster `make up` found running (the state file says so)."""
+    monkeypatch.setenv("GYMKUBE_CACHE", str(tmp_path))
+    settings = UpSettings(
+        namespace=namespace, operator_namespace=namespace, release="devdown", poll_interval_s=0.2
+    )
+    examples.apply_examples(client, settings, examples.example_objects(small=True))
+    chart.install(client, settings.release, namespace, chart.up_values("sha256:test"))
+    save_state(UpState(cluster="local", kubeconfig=str(kube.kubeconfig), started_cluster=False))
+
+    commands.down(settings)
+    out = capsys.readouterr().out
+    assert 'trainingrun.gymkube.io "frozen-lake-cpu" deleted' in out
+    assert "examples: deleted in" in out
+    assert "release devdown uninstalled" in out
+    assert "the local cluster was running before `make up`: left running" in out
+    assert examples.gymkube_object(client, "EnvPool", namespace, "sciworld") is None
+    assert load_state() == UpState()
