@@ -35,7 +35,7 @@ down: install ## Undo `make up`: examples, chart, and the cluster if `make up` s
 
 ##@ Development
 
-$(VENV)/.installed: $(LOCK) images/envserver/pyproject.toml agentloop/pyproject.toml operator/pyproject.toml
+$(VENV)/.installed: $(LOCK) images/envserver/pyproject.toml agentloop/pyproject.toml operator/pyproject.toml hack/pyproject.toml
 	@command -v java >/dev/null || { echo "installing Java 17 for ScienceWorld"; apt-get update -qq && apt-get install -y -qq default-jre-headless; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	test -x $(UV) || $(VENV)/bin/pip install -q uv==$(UV_VERSION)

@@ -60,10 +60,8 @@ def cluster(settings: E2ESettings) -> Cluster:
     cluster = Cluster(settings)
     try:
         status, answer = cluster.request("GET", api_path("v1", "namespaces"), query={"limit": "1"})
-    except KubeError as err:
-        raise pytest.UsageError(
-            f"the cluster in {settings.kubeconfig} does not answer: {err}"
-        ) from err
+    except KubeError as err:  # it names the kubeconfig and that nothing answers there
+        raise pytest.UsageError(str(err)) from err
     if status != 200:
         raise pytest.UsageError(f"the cluster in {settings.kubeconfig} answered {status}: {answer}")
     return cluster
