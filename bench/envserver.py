@@ -9,14 +9,9 @@
   interleaved on identical action sequences. Target: at most 1.2x (at most 5 ms added at p50).
 - frozen_lake: steps/s with 64 concurrent sessions on one server process (client in another
   process, keep-alive connections). Target: at least 2,000 steps/s.
-- batch_pattern: what a GRPO rollout does for days: rounds of ``--batch-sessions`` concurrent
-  ScienceWorld episodes (create, reset, 3 steps, close) against (a) gymkube with env reuse, (b)
-  gymkube with ``--reuse false``, (c) AgentGym's model (``--warm 0 --reuse false``, JVM default
-  flags: a new JVM per /create), the three round by round on a settled box, plus the same episodes'
-  steps on warmed in-process envs at the same concurrency. (a) then plays on to 50 rounds for its
-  memory. Targets for rounds after the first, with reuse: create p50 <= 5 ms, reset p50 <= 100 ms,
-  step p50 <= 1.2x in-process, batch wall time >= 10x better than (c); server memory after 50
-  rounds <= 1.3x after round 1.
+- batch_pattern (``batch_pattern.py``): what a GRPO rollout does for days: rounds of
+  ``--batch-sessions`` concurrent ScienceWorld episodes against gymkube with and without env reuse
+  and AgentGym's model (a new JVM per /create), side by side, then memory over 50 rounds.
 - jvm_flags (``--jvm-flags``): JVM start, reset and step times (before and after the warm-pool
   warm-up), warm-up cost and RSS per candidate flag set,
   the measurement behind the server's default ``--jvm-options``.
@@ -34,26 +29,31 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import httpx
-from gymkube_dev.ports import free_port
+from batch_pattern import bench_batch_pattern
+from envserver_procs import (
+    NO_REUSE,
+    RESET_INDICES,
+    SERVER_JVM_OPTIONS,
+    STEP_ACTIONS,
+    cpu_seconds,
+    envserver,
+    load_average,
+    p50,
+    settle,
+    wait_warm,
+    warm_up_like_the_server,
+)
 from gymkube_envserver.envs.sciworld import jvm_tool_options
 from gymkube_envserver.settings import DEFAULT_JVM_OPTIONS
 from sections import finish, run_section
 
-CLI = str(Path(sys.executable).with_name("gymkube-envserver"))
-NO_REUSE = ("--reuse", "false")
-RESET_INDICES = [0, 500, 1200, 2100, 3000, 3800, 4400, 250, 1700, 2600, 3300, 4000]
-STEP_ACTIONS = ["look around", "inventory", "look at agent", "wait1", "task", "look around"]
 FROZEN_MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
-SERVER_JVM_OPTIONS = jvm_tool_options(DEFAULT_JVM_OPTIONS, None)
-"""What a server's JVMs run with by default: --jvm-options plus the constant identity hash."""
 JVM_CANDIDATES = {
     "jvm_defaults": "",
     "serial_gc": "-XX:+UseSerialGC",
@@ -65,92 +65,6 @@ JVM_CANDIDATES = {
     ),
     "gymkube_default": SERVER_JVM_OPTIONS,
 }
-BATCH_STEPS = STEP_ACTIONS[:3]
-
-
-def p50(values: list[float]) -> float:
-    return round(statistics.median(values), 2)
-
-
-@contextmanager
-def envserver(*args: str, jvm_options: str | None = None) -> Iterator[tuple[str, int]]:
-    """A gymkube-envserver process; yields its URL and pid once /readyz answers 200."""
-    port = free_port()
-    env = dict(os.environ)
-    env.pop("JAVA_TOOL_OPTIONS", None)
-    if jvm_options is not None:
-        env["GYMKUBE_JVM_OPTIONS"] = jvm_options
-    command = [CLI, "--host", "127.0.0.1", "--port", str(port), "--canary-interval", "0", *args]
-    server = subprocess.Popen(
-        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if server.poll() is not None:
-                raise RuntimeError(f"{' '.join(command)} exited with {server.returncode}")
-            try:
-                if httpx.get(f"{url}/readyz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{url} not ready")
-            time.sleep(0.1)
-        yield url, server.pid
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-
-
-def wait_warm(client: httpx.Client, target: int) -> None:
-    """Wait until the warm pool is full."""
-    deadline = time.monotonic() + 300
-    while client.get("/status").json()["warm"] < target:
-        if time.monotonic() > deadline:
-            raise TimeoutError("warm pool did not refill")
-        time.sleep(0.05)
-
-
-def process_tree(pid: int) -> list[int]:
-    """A process and all of its descendants (a server and its JVMs)."""
-    tree, index = [pid], 0
-    while index < len(tree):
-        for task in Path(f"/proc/{tree[index]}/task").glob("*/children"):
-            with suppress(OSError):  # the thread or process just exited
-                tree.extend(int(child) for child in task.read_text().split())
-        index += 1
-    return tree
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    total = 0.0
-    for member in process_tree(pid):
-        with suppress(OSError):
-            total += cpu_seconds(member)
-    return total
-
-
-def settle(pids: list[int], window_s: float = 0.3, idle_share: float = 0.05) -> None:
-    """Wait until no server (nor its JVMs) is busy: refills, JIT compiles and JVM exits done.
-
-    Each sample then measures its own request, not the background work a previous one left.
-    """
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        before = [tree_cpu_seconds(pid) for pid in pids]
-        time.sleep(window_s)
-        after = [tree_cpu_seconds(pid) for pid in pids]
-        if all(
-            end - start < idle_share * window_s for start, end in zip(before, after, strict=True)
-        ):
-            return
-    raise TimeoutError("the servers did not settle")
 
 
 def create_reset_ms(client: httpx.Client, data_idx: int) -> float:
@@ -335,12 +249,6 @@ async def frozen_lake_client(
     }
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def bench_frozen_lake(sessions: int, duration_s: float) -> dict[str, Any]:
     with envserver(
         "--env",
@@ -361,21 +269,6 @@ def bench_frozen_lake(sessions: int, duration_s: float) -> dict[str, Any]:
         "server_steps_per_cpu_second": round(1e6 / max(result["server_cpu_us_per_step"], 1)),
         "target_steps_per_s": 2000,
     }
-
-
-def warm_up_like_the_server(env: Any) -> int:
-    """The warm-pool warm-up on an in-process env: the server's plan, a reset and a step each."""
-    from gymkube_envserver.envs.sciworld import SKIPPED_TASK_IDS, warm_up_plan
-    from gymkube_envserver.settings import ServerSettings
-
-    names = [name for task_id, name in env.tasks.items() if task_id not in SKIPPED_TASK_IDS]
-    variations = [int(env.get_max_variations(name)) for name in names]
-    loads: int = ServerSettings.model_fields["warm_up_resets"].default
-    for task, variation in warm_up_plan(names, variations, loads):
-        env.load(task, variation)
-        env.get_task_description()
-        env.step("look around")
-    return loads
 
 
 def probe_jvm() -> dict[str, float]:
@@ -454,206 +347,7 @@ def bench_jvm_flags(rounds: int) -> dict[str, Any]:
     }
 
 
-def tree_rss_mib(pid: int) -> float:
-    """Resident memory of a server and its JVMs together."""
-    total_kb = 0
-    for member in process_tree(pid):
-        with suppress(OSError, IndexError):
-            status = Path(f"/proc/{member}/status").read_text()
-            total_kb += int(status.split("VmRSS:")[1].split()[0])
-    return round(total_kb / 1024, 1)
-
-
-async def batch_round(http: httpx.AsyncClient, data_indices: list[int]) -> dict[str, Any]:
-    """One rollout batch: an episode per data_idx, all at once; per-call latencies and wall time.
-
-    ``http`` lives across rounds, as a trainer's client does (keep-alive connections)."""
-    calls: dict[str, list[float]] = {"create": [], "reset": [], "step": []}
-
-    async def timed(name: str, call: Any) -> Any:
-        began = time.perf_counter()
-        response = (await call).raise_for_status()
-        calls[name].append((time.perf_counter() - began) * 1000)
-        return response.json()
-
-    async def episode(http: httpx.AsyncClient, data_idx: int) -> None:
-        session = (await timed("create", http.post("/create")))["id"]
-        await timed("reset", http.post("/reset", json={"id": session, "data_idx": data_idx}))
-        for action in BATCH_STEPS:
-            await timed("step", http.post("/step", json={"id": session, "action": action}))
-        (await http.post("/close", json={"id": session})).raise_for_status()
-
-    began = time.perf_counter()
-    await asyncio.gather(*(episode(http, data_idx) for data_idx in data_indices))
-    wall_ms = (time.perf_counter() - began) * 1000
-    return {"wall_ms": wall_ms, **calls}
-
-
-def in_process_round(
-    envs: list[Any], entries: list[tuple[str, int]]
-) -> tuple[list[float], list[float]]:
-    """The batch's episodes on warmed in-process envs, one thread each: reset (the server's: load,
-    task description, look around) and step latencies in ms."""
-
-    def episode(env: Any, task: str, variation: int) -> tuple[float, list[float]]:
-        began = time.perf_counter()
-        env.load(task, variation)
-        env.get_task_description()
-        env.step("look around")
-        reset_ms = (time.perf_counter() - began) * 1000
-        latencies = []
-        for action in BATCH_STEPS:
-            began = time.perf_counter()
-            env.step(action)
-            latencies.append((time.perf_counter() - began) * 1000)
-        return reset_ms, latencies
-
-    with ThreadPoolExecutor(len(envs)) as threads:
-        played = list(threads.map(episode, envs, *zip(*entries, strict=True)))
-    return [reset for reset, _ in played], [step for _, steps in played for step in steps]
-
-
-def task_entry(tasks: dict[str, Any], data_idx: int) -> tuple[str, int]:
-    task = next(
-        t for t in tasks["tasks"] if t["first_idx"] <= data_idx < t["first_idx"] + t["count"]
-    )
-    return task["name"], data_idx - task["first_idx"]
-
-
-def summarize_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """p50 per call over the rounds given, and the p50 batch wall time."""
-    summary = {f"{name}_p50_ms": p50([v for r in rounds for v in r[name]]) for name in CALLS}
-    return summary | {"batch_wall_p50_ms": p50([r["wall_ms"] for r in rounds])}
-
-
-CALLS = ("create", "reset", "step")
-
-
-def bench_batch_pattern(sessions: int, rounds: int, memory_rounds: int) -> dict[str, Any]:
-    from scienceworld import ScienceWorldEnv
-
-    os.environ["JAVA_TOOL_OPTIONS"] = SERVER_JVM_OPTIONS  # the in-process envs: the server's flags
-    batch = ("--env", "sciworld", "--max-sessions", str(sessions), "--log-level", "warning")
-    setups = {
-        "a_reuse": ((*batch, "--warm", "2"), None),
-        "b_reuse_off": ((*batch, "--warm", "2", *NO_REUSE), None),
-        "c_agentgym_model": ((*batch, "--warm", "0", *NO_REUSE), ""),
-    }
-    played: dict[str, list[dict[str, Any]]] = {name: [] for name in setups}
-    memory: dict[str, list[float]] = {name: [] for name in setups}
-    settled: dict[str, list[float]] = {name: [] for name in setups}
-    local_resets: list[float] = []
-    local_steps: list[float] = []
-
-    def indices(round_number: int) -> list[int]:
-        offset = round_number * sessions
-        return [
-            RESET_INDICES[(offset + k) % len(RESET_INDICES)] + round_number for k in range(sessions)
-        ]
-
-    with (
-        envserver(*setups["a_reuse"][0]) as (url_a, pid_a),
-        envserver(*setups["b_reuse_off"][0]) as (url_b, pid_b),
-        envserver(*setups["c_agentgym_model"][0], jvm_options="") as (url_c, pid_c),
-    ):
-        servers = {
-            "a_reuse": (url_a, pid_a),
-            "b_reuse_off": (url_b, pid_b),
-            "c_agentgym_model": (url_c, pid_c),
-        }
-        pids = [pid_a, pid_b, pid_c]
-        tasks = httpx.get(f"{url_a}/tasks").json()
-        local_envs = [ScienceWorldEnv() for _ in range(sessions)]
-        for env in local_envs:
-            warm_up_like_the_server(env)
-
-        async def play_rounds() -> None:
-            limits = httpx.Limits(max_connections=sessions)
-            clients = {
-                name: httpx.AsyncClient(base_url=url, timeout=600, limits=limits)
-                for name, (url, _) in servers.items()
-            }
-            for number in range(memory_rounds):
-                # Side by side for the first rounds; then (a) alone, for its memory.
-                names = list(setups) if number < rounds else ["a_reuse"]
-                for name in names:
-                    settle(pids)
-                    played[name].append(await batch_round(clients[name], indices(number)))
-                    memory[name].append(tree_rss_mib(servers[name][1]))
-                    # Between batches: once the server has done what the batch left (warm-ups).
-                    settle(pids)
-                    settled[name].append(tree_rss_mib(servers[name][1]))
-                if number < rounds:
-                    entries = [task_entry(tasks, data_idx) for data_idx in indices(number)]
-                    resets, steps = in_process_round(local_envs, entries)
-                    local_resets.extend(resets)
-                    local_steps.extend(steps)
-            for client in clients.values():
-                await client.aclose()
-
-        asyncio.run(play_rounds())
-        statuses = {name: httpx.get(f"{url}/status").json() for name, (url, _) in servers.items()}
-        for env in local_envs:
-            env.close()
-    later = {name: summarize_rounds(runs[1:rounds]) for name, runs in played.items()}
-    local_p50 = p50(local_steps[len(local_steps) // rounds :])  # rounds after the first
-    local_reset_p50 = p50(local_resets[len(local_resets) // rounds :])
-    reuse, agentgym = later["a_reuse"], later["c_agentgym_model"]
-    return {
-        "sessions_per_round": sessions,
-        "rounds_side_by_side": rounds,
-        "steps_per_episode": len(BATCH_STEPS),
-        "first_round": {name: summarize_rounds(runs[:1]) for name, runs in played.items()},
-        "later_rounds": later,
-        "in_process_step_p50_ms": local_p50,
-        # A full look-around step where the server's reset skips the valid-action queries.
-        "in_process_reset_p50_ms": local_reset_p50,
-        "step_ratio_vs_in_process": round(reuse["step_p50_ms"] / local_p50, 2),
-        "batch_wall_speedup_vs_agentgym_model": round(
-            agentgym["batch_wall_p50_ms"] / reuse["batch_wall_p50_ms"], 1
-        ),
-        "batch_wall_speedup_vs_reuse_off": round(
-            later["b_reuse_off"]["batch_wall_p50_ms"] / reuse["batch_wall_p50_ms"], 1
-        ),
-        "server_rss_mib": {
-            name: {
-                "after_round_1": values[0],
-                "after_last_round": values[-1],
-                "rounds": len(values),
-            }
-            for name, values in memory.items()
-        },
-        "a_reuse_rss_mib_by_round": {
-            number: {
-                "at_round_end": memory["a_reuse"][number - 1],
-                "between_batches": settled["a_reuse"][number - 1],
-            }
-            for number in (1, 2, 5, 10, 25, 50)
-            if number <= len(memory["a_reuse"])
-        },
-        "memory_growth_a_reuse": round(memory["a_reuse"][-1] / memory["a_reuse"][0], 2),
-        "memory_growth_a_reuse_between_batches": round(
-            settled["a_reuse"][-1] / settled["a_reuse"][0], 2
-        ),
-        "envs": {
-            name: {key: status[key] for key in ("envs_started", "envs_reused", "envs_retired")}
-            for name, status in statuses.items()
-        },
-        "targets": {
-            "create_p50_ms": 5,
-            "reset_p50_ms": 100,
-            "step_ratio_vs_in_process": 1.2,
-            "batch_wall_speedup_vs_agentgym_model": 10,
-            "memory_growth_after_50_rounds": 1.3,
-        },
-    }
-
-
 SECTIONS = ("create_reset", "sciworld_step", "frozen_lake", "batch_pattern")
-
-
-def load_average() -> list[float]:
-    return [round(value, 2) for value in os.getloadavg()]
 
 
 def main() -> None:
@@ -668,6 +362,12 @@ def main() -> None:
         type=int,
         default=8,
         help="concurrent episodes per batch_pattern round (the servers' --max-sessions)",
+    )
+    parser.add_argument(
+        "--batch-rounds",
+        type=int,
+        default=6,
+        help="batch_pattern rounds played side by side (the first is cold for all three)",
     )
     parser.add_argument("--probe-jvm", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -687,7 +387,7 @@ def main() -> None:
         "sciworld_step": lambda: bench_sciworld_step(*((12, 1) if args.quick else (90, 3))),
         "frozen_lake": lambda: bench_frozen_lake(64, 3.0 if args.quick else 10.0),
         "batch_pattern": lambda: bench_batch_pattern(
-            args.batch_sessions, *((2, 3) if args.quick else (4, 50))
+            args.batch_sessions, *((2, 3) if args.quick else (args.batch_rounds, 50))
         ),
         "jvm_flags": lambda: bench_jvm_flags(1 if args.quick else 3),
     }

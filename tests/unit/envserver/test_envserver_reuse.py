@@ -124,6 +124,64 @@ async def test_an_env_over_its_episode_quota_is_replaced_in_the_background() -> 
         assert counts["envs_started"] == 3
 
 
+async def test_an_env_whose_call_failed_is_replaced_in_the_background() -> None:
+    async with asgi_server(warm=1, max_sessions=4) as (client, app):
+        manager = app.state.manager
+        broken, healthy = [(await client.post("/create")).json()["id"] for _ in range(2)]
+        await wait_for(lambda: len(manager.warm) == 1)  # the pool refilled what they took
+        failing = manager.sessions[broken].instance
+
+        async def fail(action: str) -> Any:
+            raise RuntimeError("the env broke")
+
+        failing.step = fail
+        for session in (broken, healthy):
+            await client.post("/reset", json={"id": session, "seed": 1})
+        answer = await client.post("/step", json={"id": broken, "action": "<action>up</action>"})
+        assert answer.status_code == 500
+        for session in (broken, healthy):
+            await client.post("/close", json={"id": session})
+        # Three envs existed besides the failed one's replacement: all three are idle again.
+        await wait_for(lambda: len(manager.warm) == 3)
+        assert failing not in [idle.instance for idle in manager.warm]
+        counts = await status(client)
+        assert counts["envs_retired"] == {"failed": 1}
+        assert counts["envs_started"] == 4
+
+
+async def test_a_session_that_plays_on_trades_its_env_at_a_reset_once_it_is_due() -> None:
+    async with asgi_server(warm=1, max_sessions=2, recycle_after_episodes=2) as (client, app):
+        manager = app.state.manager
+        session = (await client.post("/create")).json()["id"]
+        await wait_for(lambda: len(manager.warm) == 1)
+        worn = manager.sessions[session].instance
+        (idle,) = [env.instance for env in manager.warm]
+        for seed in range(2):
+            await client.post("/reset", json={"id": session, "seed": seed})
+        assert manager.sessions[session].instance is worn
+        third = await client.post("/reset", json={"id": session, "seed": 5})
+        assert third.status_code == 200
+        # Its third episode plays on the idle env; the worn one is closed and replaced.
+        assert manager.sessions[session].instance is idle
+        await wait_for(lambda: len(manager.warm) == 1)
+        assert (await status(client))["envs_retired"] == {"episodes": 1}
+        step = await client.post("/step", json={"id": session, "action": "<action>up</action>"})
+        assert step.status_code == 200
+
+
+async def test_a_due_env_stays_with_its_session_when_no_idle_env_can_take_over() -> None:
+    async with asgi_server(warm=0, max_sessions=1, recycle_after_episodes=1) as (client, app):
+        manager = app.state.manager
+        session = (await client.post("/create")).json()["id"]
+        env = manager.sessions[session].instance
+        for seed in range(3):
+            answer = await client.post("/reset", json={"id": session, "seed": seed})
+            assert answer.status_code == 200
+        assert manager.sessions[session].instance is env
+        await client.post("/close", json={"id": session})
+        assert (await status(client))["envs_retired"] == {"episodes": 1}
+
+
 # ScienceWorld: the real JVM.
 
 
@@ -189,12 +247,16 @@ async def test_a_jvm_is_recycled_after_its_episode_quota_and_over_its_memory_bou
         assert jvm_of(app, session) == jvm
         await client.post("/reset", json={"id": session, "data_idx": 6})
         await client.post("/close", json={"id": session})
-        await wait_for(lambda: len(manager.warm) == 1 and not manager._closing)
+        await wait_for(lambda: len(manager.warm) == 1 and not manager.pool._closing)
         session = (await client.post("/create")).json()["id"]
         assert jvm_of(app, session) != jvm
         assert (await status(client))["envs_retired"] == {"episodes": 1}
-        # A bound below any JVM's size: the env is closed when its session ends.
+        # A bound below any JVM's size: at the next reset the session trades its JVM for the
+        # idle one, and that one is closed when the session ends.
+        await wait_for(lambda: len(manager.warm) == 1)
+        bloated = jvm_of(app, session)
         manager.settings.recycle_rss_mib = 1
         await client.post("/reset", json={"id": session, "data_idx": 7})
+        assert jvm_of(app, session) != bloated
         await client.post("/close", json={"id": session})
-        assert (await status(client))["envs_retired"] == {"episodes": 1, "memory": 1}
+        assert (await status(client))["envs_retired"] == {"episodes": 1, "memory": 2}

@@ -224,7 +224,7 @@ async def test_the_canary_runs_on_a_warm_jvm_and_leaves_it_in_the_pool() -> None
         assert len(canaries_seen) >= 3
         assert not started, "the canary made the server start JVMs"
         manager = app.state.manager
-        assert len(manager.warm) + manager._lent == 1, "the warm pool over- or under-filled"
+        assert len(manager.warm) + manager.pool._lent == 1, "the warm pool over- or under-filled"
 
 
 def test_the_warm_up_loads_every_task_before_repeating_one(

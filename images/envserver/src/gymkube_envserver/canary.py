@@ -7,8 +7,9 @@ import contextlib
 import logging
 import time
 
+from gymkube_envserver.env_pool import describe_failure
 from gymkube_envserver.envs.base import ResetParams
-from gymkube_envserver.sessions import SessionManager, describe_failure
+from gymkube_envserver.sessions import SessionManager
 from gymkube_envserver.wire import CanaryStatus
 
 log = logging.getLogger(__name__)

@@ -11,8 +11,9 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gymkube_envserver.canary import Canary
+from gymkube_envserver.env_pool import EnvRetired
 from gymkube_envserver.openenv import HTTP_PATHS
-from gymkube_envserver.sessions import EnvRetired, SessionManager
+from gymkube_envserver.sessions import SessionManager
 
 ENDPOINTS = frozenset(
     {

@@ -1,8 +1,7 @@
-"""Sessions, the env pool, capacity, idle reaping and draining: everything between HTTP and env.
+"""Sessions, capacity, idle reaping and draining: everything between HTTP and the env pool.
 
-An env outlives its session: a clean close puts it back in the pool for the next /create (whose
-/reset loads that session's task), and only an env that failed, served its episode quota or grew
-past the memory bound is closed. The pool thus holds all idle capacity, not only ``--warm`` envs.
+A session borrows an env from the pool (``env_pool``) at /create and gives it back when it ends;
+the pool decides whether the env serves again.
 """
 
 from __future__ import annotations
@@ -13,11 +12,18 @@ import logging
 import secrets
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, TypeVar
 
+from gymkube_envserver.env_pool import (
+    REFILL_DEFER_S,
+    EnvPool,
+    EnvRetired,
+    PooledEnv,
+    describe_failure,
+)
 from gymkube_envserver.envs.base import (
     EnvBackend,
     EnvInputError,
@@ -36,52 +42,14 @@ T = TypeVar("T")
 
 CLOSED_IDS_KEPT = 10_000
 """How many closed ids are remembered, so their errors say "closed" rather than "unknown"."""
-WARM_RETRY_S = 2.0
 SHUTDOWN_CLOSE_S = 20.0
-REFILL_DEFER_S = 5.0
-REFILL_POLL_S = 0.05
-MIB = 1024 * 1024
-
-
-class EnvRetired(StrEnum):
-    """Why an env was closed instead of going back to the pool."""
-
-    FAILED = "failed"
-    """A call on it raised, timed out, or its process died."""
-    EPISODES = "episodes"
-    """It served ``--recycle-after-episodes`` episodes."""
-    MEMORY = "memory"
-    """Its process grew past ``--recycle-rss-mib``."""
-    NOT_REUSED = "not_reused"
-    """Reuse is off, the env kind declares itself not reusable, or the canary started it."""
-    DRAINING = "draining"
-    """The server is draining or shutting down."""
-
-
-RECYCLED = frozenset({EnvRetired.EPISODES, EnvRetired.MEMORY})
-"""Retirements of healthy, reusable envs: the pool starts a replacement in the background."""
-
-
-@dataclass(eq=False)
-class PooledEnv:
-    """A started env and its history; it serves one session at a time, many over its life."""
-
-    instance: EnvInstance
-    env_config: dict[str, Any]
-    """The env_config it was started with (plugins take it in their constructor)."""
-    sessions: int = 0
-    episodes: int = 0
-    """Resets played on it, by sessions and the canary."""
-    failed: str | None = None
-    """Why it must never be handed out again."""
-    warmed: bool = False
-    """It has run the instance's warm_up (pre-started envs do before joining the pool)."""
 
 
 @dataclass(eq=False)
 class Session:
     id: str
     env: PooledEnv
+    """The pool's env it plays on (traded for a fresh one at a reset once due for recycling)."""
     env_config: dict[str, Any]
     reused: bool = False
     """Its env had served an earlier session."""
@@ -112,48 +80,62 @@ class Session:
         return self.env.instance
 
 
-def describe_failure(exc: BaseException) -> str:
-    text = str(exc).strip() or "no message"
-    return f"{type(exc).__name__}: {text[:500]}"
-
-
 class SessionManager:
-    """Owns every env: those open sessions hold and the pool of idle ones (``warm``)."""
+    """Owns the sessions and the env pool (``pool``) they borrow envs from."""
 
     def __init__(self, backend: EnvBackend, settings: ServerSettings) -> None:
         self.backend = backend
         self.settings = settings
         self.sessions: dict[str, Session] = {}
-        self.warm: deque[PooledEnv] = deque()
-        """Idle started envs, oldest first: pre-started ones and those sessions gave back."""
+        self.pool = EnvPool(backend, settings, self._sessions_need_cpu)
         self.served = 0
-        self.envs_started = 0
         self.envs_reused = 0
         """Sessions that got an env an earlier session had given back."""
-        self.envs_retired: Counter[EnvRetired] = Counter()
         # Episodes that ended (the session was reset again or closed) and the sum of their last
         # scores, in the env's scale: what a trainer's rewards can be checked against.
         self.episodes_played = 0
         self.episode_score_sum = 0.0
-        self.draining = False
-        self.prepared = False
-        self.warmed_event = asyncio.Event()
         self._closed: OrderedDict[str, str] = OrderedDict()
         self._creating = 0
-        self._lent = 0  # warm envs the canary has borrowed (they come back)
-        self._refill = asyncio.Event()
         self._resets_in_flight = 0
-        self._replacements = 0  # recycled envs the pool still has to replace
-        self._warming = 0  # given-back envs warming up before they rejoin the pool
-        self._returned = asyncio.Event()  # set (and replaced) whenever an env may have come back
         self._tasks: list[asyncio.Task[None]] = []
-        self._closing: set[asyncio.Task[None]] = set()
+
+    # what the app, metrics and canary read of the pool
+
+    @property
+    def warm(self) -> deque[PooledEnv]:
+        """Idle started envs, oldest first."""
+        return self.pool.warm
+
+    @property
+    def envs_started(self) -> int:
+        return self.pool.envs_started
+
+    @property
+    def envs_retired(self) -> Counter[EnvRetired]:
+        return self.pool.envs_retired
+
+    @property
+    def draining(self) -> bool:
+        return self.pool.draining
+
+    @property
+    def prepared(self) -> bool:
+        return self.pool.prepared
+
+    @property
+    def warmed_event(self) -> asyncio.Event:
+        return self.pool.warmed_event
+
+    def borrowed_spare(self) -> AbstractAsyncContextManager[EnvInstance]:
+        """A started env outside any session, for the canary (see EnvPool.borrowed_spare)."""
+        return self.pool.borrowed_spare()
 
     # lifecycle
 
     async def start(self) -> None:
         """Prepare the backend and begin filling the warm pool (readiness follows)."""
-        self._tasks.append(asyncio.create_task(self._prepare_and_fill(), name="warm-pool"))
+        self._tasks.append(asyncio.create_task(self.pool.prepare_and_fill(), name="warm-pool"))
         if self.settings.idle_timeout > 0:
             self._tasks.append(asyncio.create_task(self._reap_idle(), name="idle-reaper"))
 
@@ -164,24 +146,15 @@ class SessionManager:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
-        self.draining = True  # envs of the sessions closed now are not put back
+        self.pool.draining = True  # envs of the sessions closed now are not put back
         for session_id in list(self.sessions):
             self._begin_close(session_id, "server shut down")
-        while self.warm:
-            self._retire(self.warm.popleft(), EnvRetired.DRAINING)
-        if self._closing:
-            # A hung env call holds its session's lock; do not let it hold up the shutdown.
-            await asyncio.wait(set(self._closing), timeout=SHUTDOWN_CLOSE_S)
+        await self.pool.close_all(SHUTDOWN_CLOSE_S)
         await self.backend.shutdown()
 
     @property
     def ready(self) -> bool:
-        return self.prepared and self.warmed and not self.draining
-
-    @property
-    def warmed(self) -> bool:
-        """The warm pool has been full at least once."""
-        return self.warmed_event.is_set()
+        return self.prepared and self.pool.warmed and not self.draining
 
     @property
     def not_ready_reason(self) -> str:
@@ -189,14 +162,12 @@ class SessionManager:
             return "draining"
         if not self.prepared:
             return "preparing env"
-        if not self.warmed:
+        if not self.pool.warmed:
             return f"warming up ({len(self.warm)}/{self.settings.warm} envs started)"
         return "ready"
 
     def set_draining(self, draining: bool) -> None:
-        self.draining = draining
-        if not draining:
-            self._refill.set()
+        self.pool.set_draining(draining)
 
     # sessions
 
@@ -220,7 +191,7 @@ class SessionManager:
             raise ApiError(ErrorCode.BAD_REQUEST, str(exc)) from None
         self._creating += 1
         try:
-            env = await self._take_idle_or_returning(env_config)
+            env = await self.pool.take_idle_or_returning(env_config)
             if env is None:
                 env = await self._start_for_session(env_config)
         finally:
@@ -257,6 +228,7 @@ class SessionManager:
         )
         async with session.lock:
             self._still_open(session)
+            self._swap_if_due_for_recycling(session)
             self._resets_in_flight += 1
             try:
                 outcome = await self._call(session, session.instance.reset(merged))
@@ -309,6 +281,26 @@ class SessionManager:
         if self.sessions.get(session.id) is not session:
             self.get(session.id)
 
+    async def _start_for_session(self, env_config: dict[str, Any]) -> PooledEnv:
+        try:
+            return await self.pool.start_for_session(env_config)
+        except EnvInputError as exc:
+            raise ApiError(ErrorCode.BAD_REQUEST, str(exc)) from None
+        except Exception as exc:
+            log.exception("starting an env failed")
+            raise ApiError(ErrorCode.ENV_FAILURE, describe_failure(exc)) from None
+
+    def _swap_if_due_for_recycling(self, session: Session) -> None:
+        """At an episode boundary, trade an env that reached a recycling bound for an idle one.
+
+        A session may play many episodes (an OpenEnv connection can last for days): the bounds
+        hold for it too, not only when it ends. With no idle env it keeps its env until it ends.
+        """
+        fresh = self.pool.trade(session.env, session.env_config)
+        if fresh is not None:
+            fresh.sessions += 1
+            session.env = fresh
+
     async def _call(self, session: Session, call: Awaitable[T]) -> T:
         timeout = self.settings.call_timeout
         try:
@@ -352,198 +344,25 @@ class SessionManager:
             return
         self._count_episode(session)
         if not session.lock.locked():
-            self._give_back(session.env)
+            self.pool.give_back(session.env)
             return
 
         # A call is in flight on this session: its env is settled once that call is over.
         async def after_call() -> None:
             async with session.lock:
-                self._give_back(session.env)
+                self.pool.give_back(session.env)
 
-        self._track(asyncio.create_task(after_call(), name="give-back-env"))
+        self.pool.track(asyncio.create_task(after_call(), name="give-back-env"))
 
-    def _give_back(self, env: PooledEnv, from_session: bool = True) -> None:
-        """An env no session or canary uses any more: back to the pool, or closed and why."""
-        reason = self._retire_reason(env, from_session)
-        if reason is None and not env.warmed and env.instance.warms_up():
-            self._warming += 1  # counted now: a /create may come before the task runs
-            self._track(asyncio.create_task(self._warm_up_and_give_back(env), name="warm-up-env"))
-            return
-        if reason is None:
-            self.warm.append(env)
-            self._announce_return()
-            return
-        if reason in RECYCLED:
-            self._replacements += 1
-        self._retire(env, reason)
-
-    async def _warm_up_and_give_back(self, env: PooledEnv) -> None:
-        """An env a session started cold runs the warm-up the pool's own envs ran, once, so it
-        serves later sessions as fast as they do (it is idle capacity from now on)."""
-        try:
-            await env.instance.warm_up()
-            env.warmed = True
-        except Exception:
-            log.exception("warming up a given-back env failed")
-            env.failed = "its warm-up failed"
-        finally:
-            self._warming -= 1
-        self._give_back(env)
-        self._announce_return()
-
-    def _announce_return(self) -> None:
-        self._returned.set()
-        self._returned = asyncio.Event()
-
-    async def _take_idle_or_returning(self, env_config: dict[str, Any]) -> PooledEnv | None:
-        """An idle env, waiting for one that is warming up on its way back if need be: it is
-        ready sooner than a new one, and a new one would grow the pool past its size."""
-        env = self._take_idle(env_config)
-        while env is None and self._warming:
-            await self._returned.wait()
-            env = self._take_idle(env_config)
-        return env
-
-    def _retire_reason(self, env: PooledEnv, from_session: bool) -> EnvRetired | None:
-        if env.failed is not None:
-            return EnvRetired.FAILED
-        if self.draining:
-            return EnvRetired.DRAINING
-        # --reuse is about sessions: the canary's idle env goes back either way, as it always did.
-        if not self.backend.reusable or (from_session and not self.settings.reuse):
-            return EnvRetired.NOT_REUSED
-        quota = self.settings.recycle_after_episodes
-        if quota and env.episodes >= quota:
-            return EnvRetired.EPISODES
-        bound = self.settings.recycle_rss_mib
-        rss = env.instance.rss_bytes() if bound else None
-        if rss is not None and rss > bound * MIB:
-            return EnvRetired.MEMORY
-        return None
-
-    def _retire(self, env: PooledEnv, reason: EnvRetired) -> None:
-        """Close the env in the background and let the pool refill."""
-        self.envs_retired[reason] += 1
-        log.debug("closing an env (%s) after %d episodes", reason.value, env.episodes)
-        self._track(asyncio.create_task(env.instance.close(), name="close-env"))
-        self._refill.set()
-
-    def _track(self, task: asyncio.Task[None]) -> None:
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
-
-    def _take_idle(self, env_config: dict[str, Any]) -> PooledEnv | None:
-        """The oldest idle env that can serve a session with ``env_config``, out of the pool."""
-        for env in self.warm:
-            # Plugins take env_config in their constructor; every built-in env at reset.
-            if self.backend.config_at_reset or env.env_config == env_config:
-                self.warm.remove(env)
-                self._refill.set()
-                return env
-        return None
-
-    async def _start_env(self, env_config: dict[str, Any]) -> PooledEnv:
-        instance = await self.backend.start(env_config)
-        self.envs_started += 1
-        return PooledEnv(instance=instance, env_config=env_config)
-
-    async def _start_for_session(self, env_config: dict[str, Any]) -> PooledEnv:
-        # This env also stands in for one the pool owed in place of a recycled env.
-        self._replacements = max(0, self._replacements - 1)
-        try:
-            return await self._start_env(env_config)
-        except EnvInputError as exc:
-            raise ApiError(ErrorCode.BAD_REQUEST, str(exc)) from None
-        except Exception as exc:
-            log.exception("starting an env failed")
-            raise ApiError(ErrorCode.ENV_FAILURE, describe_failure(exc)) from None
-
-    @contextlib.asynccontextmanager
-    async def borrowed_spare(self) -> AsyncIterator[EnvInstance]:
-        """A started env outside any session, for the canary.
-
-        An idle env used without error goes back to the pool (a canary then costs no env
-        start, which for ScienceWorld is a JVM and its warm-up); any other is closed.
-        """
-        env = self._take_idle(self.settings.env_config)
-        from_pool = env is not None
-        if env is None:
-            env = await self._start_env(self.settings.env_config)
-        else:
-            self._lent += 1
-        try:
-            yield env.instance
-        except BaseException:
-            env.failed = "the canary failed on it"
-            raise
-        finally:
-            env.episodes += 1
-            if from_pool:
-                self._lent -= 1
-                self._give_back(env, from_session=False)
-            else:
-                # Started for the canary alone: not idle capacity the pool should keep.
-                failed = env.failed is not None
-                self._retire(env, EnvRetired.FAILED if failed else EnvRetired.NOT_REUSED)
-
-    async def _prepare_and_fill(self) -> None:
-        while not self.prepared:
-            try:
-                await self.backend.prepare()
-                self.prepared = True
-            except Exception:
-                log.exception("preparing the env failed; retrying")
-                await asyncio.sleep(WARM_RETRY_S)
-        while True:
-            while self._warm_pool_short():
-                await self._yield_to_resets()
-                if not self._warm_pool_short():
-                    break  # a canary gave its env back meanwhile
-                env: PooledEnv | None = None
-                try:
-                    env = await self._start_env(self.settings.env_config)
-                    await env.instance.warm_up()
-                except Exception:
-                    log.exception("starting a warm env failed; retrying")
-                    if env is not None:
-                        env.failed = "its warm-up failed"
-                        self._retire(env, EnvRetired.FAILED)
-                    await asyncio.sleep(WARM_RETRY_S)
-                    continue
-                env.warmed = True
-                if len(self.warm) + self._lent + self._warming >= self.settings.warm:
-                    self._replacements = max(0, self._replacements - 1)
-                self.warm.append(env)
-                self._announce_return()
-            if len(self.warm) + self._lent >= self.settings.warm:
-                self.warmed_event.set()
-            self._refill.clear()
-            await self._refill.wait()
-
-    def _warm_pool_short(self) -> bool:
-        """Fewer idle envs than ``--warm`` (counting those the canary has borrowed or that are
-        warming up on their way back), or recycled envs not yet replaced."""
-        if self.draining:
-            return False
-        idle = len(self.warm) + self._lent + self._warming
-        return idle < self.settings.warm or self._replacements > 0
-
-    async def _yield_to_resets(self) -> None:
-        """Let new sessions reset before starting an env (waits up to REFILL_DEFER_S).
-
-        Starting a JVM takes a core for a second or more; on a small node it would slow down the
-        very resets of the sessions that just took envs from the pool (a rollout batch creates
-        and resets many sessions at once).
-        """
-        for _ in range(round(REFILL_DEFER_S / REFILL_POLL_S)):
-            recent = time.time() - REFILL_DEFER_S
-            awaiting_reset = any(
-                not session.started and session.created_at > recent
-                for session in self.sessions.values()
-            )
-            if not (self._resets_in_flight or awaiting_reset):
-                return
-            await asyncio.sleep(REFILL_POLL_S)
+    def _sessions_need_cpu(self) -> bool:
+        """Sessions are resetting, or were created in the last REFILL_DEFER_S and not reset yet."""
+        if self._resets_in_flight:
+            return True
+        recent = time.time() - REFILL_DEFER_S
+        return any(
+            not session.started and session.created_at > recent
+            for session in self.sessions.values()
+        )
 
     async def _reap_idle(self) -> None:
         timeout = self.settings.idle_timeout
