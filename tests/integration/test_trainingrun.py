@@ -367,7 +367,9 @@ def test_invalid_runs_are_rejected_with_a_readable_message(
     assert message in result.stderr
 
 
-@pytest.mark.parametrize("example", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "example", sorted(EXAMPLES.rglob("*.yaml")), ids=lambda p: str(p.relative_to(EXAMPLES))
+)
 def test_every_example_applies_as_is(kube: ControlPlane, runs: Runs, example: Path) -> None:
     docs = [d for d in yaml.safe_load_all(example.read_text()) if d]
     result = kube.kubectl("apply", "--dry-run=server", "-n", runs.namespace, "-f", str(example))
