@@ -15,12 +15,12 @@ from gymkube_dev import CHART
 from gymkube_dev.console import duration, poll, say
 from gymkube_dev.kube import Kube, api_path
 from gymkube_dev.objects import current, pod_state
+from gymkube_dev.settings import FIELD_MANAGER
 from gymkube_dev.tools import find_tool
 
 # pyhelm3 logs every non-zero helm exit as a warning, the `helm status` it runs to learn that a
 # first install has no release yet included; a real failure raises, and the caller reports it.
 logging.getLogger("pyhelm3.command").setLevel(logging.ERROR)
-FIELD_MANAGER = "gymkube-up"
 Values = dict[str, Any]
 
 

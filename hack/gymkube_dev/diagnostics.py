@@ -6,6 +6,7 @@ import sys
 
 from gymkube_operator.kinds import GROUP
 
+from gymkube_dev.chart import release_selector
 from gymkube_dev.kube import Kube
 from gymkube_dev.settings import cache_dir
 
@@ -13,7 +14,7 @@ from gymkube_dev.settings import cache_dir
 def sections(namespace: str, operator_namespace: str, release: str) -> dict[str, list[str]]:
     """Title -> kubectl arguments, in the order a reader wants them."""
     ns, ops = namespace, operator_namespace
-    operator_logs = ["logs", "-n", ops, "-l", f"app.kubernetes.io/instance={release}"]
+    operator_logs = ["logs", "-n", ops, "-l", release_selector(release)]
     return {
         f"gymkube objects in {ns}": [
             "get", f"envpools.{GROUP},trainingruns.{GROUP}", "-n", ns, "-o", "yaml",

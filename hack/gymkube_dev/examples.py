@@ -15,7 +15,7 @@ from gymkube_dev.errors import StepError
 from gymkube_dev.images import image_ref
 from gymkube_dev.kube import PLURALS, Kube, api_path, gymkube_path
 from gymkube_dev.objects import Object, condition, condition_is, cpu_cores, rolled_out
-from gymkube_dev.settings import SMALL_NODE_CPUS, UpSettings
+from gymkube_dev.settings import FIELD_MANAGER, SMALL_NODE_CPUS, UpSettings
 
 EXAMPLES = (
     REPO / "examples" / "envpool-sciworld.yaml",
@@ -42,7 +42,6 @@ SMALL_NODE_OVERRIDES: dict[tuple[str, str], dict[str, Any]] = {
         "router": {"resources": {"requests": {"cpu": "20m", "memory": "64Mi"}}},
     },
 }
-FIELD_MANAGER = "gymkube-up"
 DELETE_TIMEOUT_S = 120.0
 RUN_DELETE_TIMEOUT_S = 180.0
 

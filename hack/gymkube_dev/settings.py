@@ -8,6 +8,10 @@ from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ClusterKind = Literal["kind", "local"]
+FIELD_MANAGER = "gymkube-up"
+"""Who `make up` is to the API server when it applies the CRDs and the examples."""
+RELEASE, OPERATOR_NAMESPACE = "gymkube", "gymkube-system"
+"""The operator's Helm release and its namespace, for `make up` and the e2e suite alike."""
 SMALL_NODE_CPUS = 8.0
 """Nodes with fewer CPUs than this get the examples' small-node overrides (they ask for ~4.5)."""
 
@@ -30,8 +34,8 @@ class UpSettings(BaseSettings):
         description=f"small: SMALL_NODE_OVERRIDES; auto: small below {SMALL_NODE_CPUS} CPUs.",
     )
     namespace: str = Field("default", description="Namespace of the example pools and run.")
-    release: str = Field("gymkube", description="Helm release of the operator.")
-    operator_namespace: str = Field("gymkube-system", description="Namespace of the release.")
+    release: str = Field(RELEASE, description="Helm release of the operator.")
+    operator_namespace: str = Field(OPERATOR_NAMESPACE, description="Namespace of the release.")
     operator_timeout_s: float = Field(300.0, description="Chart installed → operator ready.")
     pool_timeout_s: float = Field(900.0, description="EnvPool applied → Ready.")
     preflight_timeout_s: float = Field(900.0, description="Pool Ready → preflight passed.")

@@ -146,6 +146,7 @@ def print_summary(
             for line in run_lines(kube, settings, item):
                 print(line)
     print(
-        f"\nFrom this machine: kubectl -n {ns} port-forward svc/frozen-lake 8000:8000, "
-        "then http://127.0.0.1:8000/tasks\n`make down` removes it all."
+        f"\nFrom this machine: kubectl -n {ns} port-forward svc/frozen-lake "
+        f"{ENVSERVER_PORT}:{ENVSERVER_PORT}, then http://127.0.0.1:{ENVSERVER_PORT}/tasks\n"
+        "`make down` removes it all."
     )

@@ -15,6 +15,7 @@ from gymkube_dev import CHART, diagnostics
 from gymkube_dev.images import app_version, image_ref
 from gymkube_dev.kube import Kube, KubeError, api_path, gymkube_path
 from gymkube_dev.objects import ENVSERVER_PORT, Object, condition, condition_is, is_ready
+from gymkube_dev.settings import OPERATOR_NAMESPACE, RELEASE
 from gymkube_operator.kinds import API_VERSION, GROUP, VERSION
 from gymkube_operator.labels import COMPONENT_LABEL, POOL_LABEL
 from pydantic import Field
@@ -44,8 +45,8 @@ class E2ESettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GYMKUBE_E2E_", frozen=True)
 
     kubeconfig: Path = Field(description="Kubeconfig of the cluster under test (the opt-in).")
-    release: str = Field("gymkube", description="Helm release name of the operator.")
-    operator_namespace: str = Field("gymkube-system", description="Where the chart goes.")
+    release: str = Field(RELEASE, description="Helm release name of the operator.")
+    operator_namespace: str = Field(OPERATOR_NAMESPACE, description="Where the chart goes.")
     chart: Path = Field(CHART, description="The chart to install.")
     image_tag: str = Field(
         default_factory=app_version,
