@@ -1,4 +1,5 @@
-"""OpenEnv's WebSocket protocol through a real pool Service: an episode over /ws, from a pod."""
+"""OpenEnv's WebSocket protocol through a real pool Service: an episode over /ws from a pod on
+gymkube's env server, and a bring-your-own OpenEnv server pool (examples/openenv-sudoku)."""
 
 import json
 
@@ -8,8 +9,12 @@ from e2e_cluster import (
     ENVSERVER_PORT,
     POOL_LABEL,
     Cluster,
+    E2ESettings,
+    api_path,
     envpool_manifest,
+    envserver_selector,
     gymkube_path,
+    wait_until,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -49,3 +54,80 @@ def test_openenv_episode_through_the_pool_service(operator: Cluster, namespace: 
     assert played["last"]["type"] == "observation"
     assert played["last"]["data"]["done"] is True
     assert played["state"]["data"]["done"] is True
+
+
+# Runs inside a pod of the bring-your-own image (examples/openenv-sudoku), which carries OpenEnv's
+# own client library: one Sudoku episode through the pool URL, exactly as a user's client would.
+PLAY_WITH_OPENENV_CLIENT = """
+import json
+from openenv.core.generic_client import GenericEnvClient
+with GenericEnvClient(base_url=URL).sync() as client:
+    first = client.reset(seed=3)
+    moved = client.step({"message": "[1 1 5]"})
+    state = client.state()
+print(json.dumps({"prompt": first.observation["prompt"], "done": moved.done,
+                  "steps": state["step_count"]}))
+"""
+
+# Signals the server process in a bring-your-own pod (not tini, PID 1; not this script).
+SIGNAL_SUDOKU_SERVER = """
+import os, signal, sys
+for entry in os.listdir("/proc"):
+    if not entry.isdigit() or int(entry) in (1, os.getpid()):
+        continue
+    try:
+        argv = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\\0")
+    except OSError:
+        continue
+    if any(arg.endswith(b"sudoku_server.py") for arg in argv):
+        os.kill(int(entry), getattr(signal, sys.argv[1]))
+        sys.exit(0)
+sys.exit("no sudoku_server.py process found")
+"""
+
+
+def _play_with_openenv_client(operator: Cluster, namespace: str, pod: str) -> dict[str, object]:
+    url = f"http://sudoku.{namespace}.svc:{ENVSERVER_PORT}"
+    code = f"URL = {url!r}\n{PLAY_WITH_OPENENV_CLIENT}"
+    played: dict[str, object] = json.loads(operator.exec_python(namespace, pod, code))
+    return played
+
+
+def test_bring_your_own_openenv_server_serves_openenv_clients_and_survives_a_freeze(
+    operator: Cluster, settings: E2ESettings, namespace: str
+) -> None:
+    manifest = envpool_manifest(
+        "sudoku", "openenv", 2, image=settings.image("openenv-sudoku"), sessionsPerReplica=4
+    )
+    operator.create(gymkube_path("envpools", namespace), manifest)
+    pool = operator.wait_pool_ready(namespace, "sudoku")
+    assert pool["status"]["capacity"] == 8, pool["status"]
+    victim, survivor = (
+        str(p["metadata"]["name"]) for p in operator.pods(namespace, envserver_selector("sudoku"))
+    )
+    played = _play_with_openenv_client(operator, namespace, survivor)
+    assert "Sudoku" in str(played["prompt"])
+    assert played["steps"] == 1
+
+    old_uid = str(
+        (operator.get(api_path("v1", "pods", namespace, victim)) or {})["metadata"]["uid"]
+    )
+    operator.kubectl(
+        "exec", "-n", namespace, victim, "--", "python3", "-c", SIGNAL_SUDOKU_SERVER, "SIGSTOP"
+    )
+
+    def restarted() -> dict[str, object] | None:
+        found = operator.get(gymkube_path("envpools", namespace, "sudoku")) or {}
+        restarts: dict[str, object] = (found.get("status") or {}).get("restarts") or {}
+        return restarts if restarts.get("lastPod") == victim else None
+
+    restarts = wait_until(restarted, timeout=60, what=f"the watchdog to restart frozen {victim}")
+    assert restarts["lastReason"] == "NoAnswer"
+
+    def replaced() -> bool:
+        current = operator.pod_ready(namespace, victim)
+        return current is not None and current["metadata"]["uid"] != old_uid
+
+    wait_until(replaced, timeout=settings.pod_start_timeout_s, what=f"a new {victim} to be Ready")
+    operator.wait_pool_ready(namespace, "sudoku", extra=lambda p: p["status"]["readyReplicas"] == 2)
+    assert _play_with_openenv_client(operator, namespace, victim)["steps"] == 1
