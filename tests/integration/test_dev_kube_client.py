@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 from controlplane import ControlPlane
-from gymkube_dev import chart, commands, diagnostics, examples
+from gymkube_dev import chart, commands, diagnostics, examples, waits
 from gymkube_dev.errors import StepError
 from gymkube_dev.kube import Kube, KubeError, gymkube_path
 from gymkube_dev.ports import free_port
@@ -148,3 +148,24 @@ def test_make_down_takes_out_the_examples_and_the_release_and_leaves_the_cluster
     assert "the local cluster was running before `make up`: left running" in out
     assert examples.gymkube_object(client, "EnvPool", namespace, "sciworld") is None
     assert load_state() == UpState()
+
+
+def test_the_wait_fails_at_once_on_a_pool_no_waiting_fixes_and_names_a_slow_one(
+    client: Kube, namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = UpSettings(namespace=namespace, poll_interval_s=0.2, pool_timeout_s=1.0)
+    objects = [o for o in examples.example_objects(small=True) if o["kind"] == "EnvPool"]
+    examples.apply_examples(client, settings, objects)
+    with pytest.raises(StepError, match=r"envpool/sciworld not ready after 1s: 0/2 servers ready"):
+        waits.wait_examples(client, settings, waits.watch(settings, objects))
+    assert "envpool/frozen-lake: 0/1 servers ready" in capsys.readouterr().out
+
+    path = gymkube_path("envpools", namespace, "sciworld")
+    generation = (client.get(path) or {})["metadata"]["generation"]
+    stuck = {"type": "Degraded", "status": "True", "reason": "ImagePullFailed", "message": "m"}
+    stuck["lastTransitionTime"] = "2026-01-01T00:00:00Z"
+    status = {"observedGeneration": generation, "conditions": [stuck]}
+    assert client.request("PATCH", path + "/status", {"status": status})[0] == 200
+    settings = UpSettings(namespace=namespace, poll_interval_s=0.2)
+    with pytest.raises(StepError, match="envpool/sciworld failed: Degraded ImagePullFailed: m"):
+        waits.wait_examples(client, settings, waits.watch(settings, objects))
