@@ -7,7 +7,6 @@ import json
 import subprocess
 from functools import cached_property
 from pathlib import Path
-from typing import Any
 
 from gymkube_operator.envpool import models as envpool
 from gymkube_operator.kinds import API_VERSION
@@ -18,9 +17,9 @@ from kubernetes.dynamic.exceptions import DynamicApiError, ResourceNotFoundError
 from urllib3.exceptions import HTTPError
 
 from gymkube_dev.errors import StepError
+from gymkube_dev.objects import Object
 from gymkube_dev.tools import find_tool
 
-Object = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
 
 
