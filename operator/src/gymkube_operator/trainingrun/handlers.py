@@ -61,24 +61,41 @@ async def _trainer(rt: Runtime, namespace: str, job: str) -> tuple[Object | None
         return newest, None
 
 
+async def _training(
+    rt: Runtime, name: str, namespace: str, spec: TrainingRunSpec, status: TrainingRunStatus
+) -> tuple[Object | None, Object | None, str | None, bool | None]:
+    """The training Job or RayJob (None while RayJob is not served), a Job's newest pod and its
+    trainer log, and whether the API server serves RayJob (None when not asked)."""
+    if status.training is not None:
+        api_version, kind = status.training.api_version, status.training.kind
+    else:
+        api_version, kind = render.training_api_version(spec.nodes)
+    served = await rt.client.served(render.RAYJOB_API, "rayjobs") if kind == "RayJob" else None
+    if served is False:
+        return None, None, None, served
+    training = await rt.client.get(api_version, kind, namespace, render.training_name(name))
+    if training is None or kind != "Job":
+        return training, None, None, served
+    pod, log = await _trainer(rt, namespace, render.training_name(name))
+    return training, pod, log, served
+
+
+async def _preflight(rt: Runtime, name: str, namespace: str) -> tuple[Object | None, str | None]:
+    """The preflight Job, and its verdict once it finished."""
+    job_name = render.preflight_job_name(name)
+    job = await rt.client.get("batch/v1", "Job", namespace, job_name)
+    if job is None or not readings.job_finished(job):
+        return job, None
+    return job, await _termination_message(rt, namespace, job_name)
+
+
 async def observe(
     rt: Runtime, name: str, namespace: str, spec: TrainingRunSpec, status: TrainingRunStatus
 ) -> lifecycle.Observed:
     """Read the pool and the run's children (fixed names, one GET each), and for a training Job
     its newest pod and trainer log."""
     pool = await rt.client.get(API_VERSION, "EnvPool", namespace, spec.env_pool_ref.name)
-    if status.training is not None:
-        api_version, kind = status.training.api_version, status.training.kind
-    else:
-        api_version, kind = render.training_api_version(spec.nodes)
-    rayjob_served = None
-    if kind == "RayJob":
-        rayjob_served = await rt.client.served(render.RAYJOB_API, "rayjobs")
-    training = trainer_pod = trainer_log = None
-    if rayjob_served is not False:
-        training = await rt.client.get(api_version, kind, namespace, render.training_name(name))
-    if training is not None and kind == "Job":
-        trainer_pod, trainer_log = await _trainer(rt, namespace, render.training_name(name))
+    training, trainer_pod, trainer_log, served = await _training(rt, name, namespace, spec, status)
     problem = None
     if training is None and spec.overrides:
         # Hydra composes for a few hundred milliseconds: off the event loop (and once per list).
@@ -86,10 +103,7 @@ async def observe(
         problem = await asyncio.to_thread(overrides.check, rendered, len(spec.overrides))
     preflight_job = message = None
     if spec.preflight.enabled and training is None:
-        job_name = render.preflight_job_name(name)
-        preflight_job = await rt.client.get("batch/v1", "Job", namespace, job_name)
-        if preflight_job is not None and readings.job_finished(preflight_job):
-            message = await _termination_message(rt, namespace, job_name)
+        preflight_job, message = await _preflight(rt, name, namespace)
     return lifecycle.Observed(
         pool=pool,
         preflight_job=preflight_job,
@@ -97,7 +111,7 @@ async def observe(
         training=training,
         trainer_pod=trainer_pod,
         trainer_log=trainer_log,
-        rayjob_served=rayjob_served,
+        rayjob_served=served,
         override_problem=problem,
     )
 
@@ -131,17 +145,11 @@ def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
-async def reconcile(rt: Runtime, namespace: str, name: str) -> lifecycle.Plan | None:
-    """One level-based pass over a run; None when the run is gone."""
-    run = await rt.client.get(API_VERSION, KIND, namespace, name)
-    if run is None or run["metadata"].get("deletionTimestamp"):
-        return None
+def _identity(rt: Runtime, run: Object) -> command.Run:
     meta = run["metadata"]
-    spec = TrainingRunSpec.model_validate(run["spec"])
-    previous = TrainingRunStatus.model_validate(run.get("status") or {})
-    identity = command.Run(
-        name=name,
-        namespace=namespace,
+    return command.Run(
+        name=meta["name"],
+        namespace=meta["namespace"],
         uid=meta["uid"],
         generation=meta.get("generation", 1),
         trainer_image=rt.settings.trainer_image,
@@ -149,24 +157,35 @@ async def reconcile(rt: Runtime, namespace: str, name: str) -> lifecycle.Plan | 
         preflight_image=rt.settings.preflight_image,
         image_pull_policy=rt.settings.image_pull_policy,
     )
+
+
+async def _announce(rt: Runtime, run: Object, spec: TrainingRunSpec, plan: lifecycle.Plan) -> None:
+    """The plan's Events; and the run deleted when its TTL after finishing is over."""
+    body, meta = cast(kopf.Body, run), run["metadata"]
+    for event in plan.events:
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+    if plan.delete_run:
+        message = f"deleting the run {spec.ttl_seconds_after_finished}s after it finished"
+        kopf.event(body, type="Normal", reason="Expired", message=message)
+        await rt.client.delete(API_VERSION, KIND, meta["namespace"], meta["name"], meta["uid"])
+
+
+async def reconcile(rt: Runtime, namespace: str, name: str) -> lifecycle.Plan | None:
+    """One level-based pass over a run; None when the run is gone."""
+    run = await rt.client.get(API_VERSION, KIND, namespace, name)
+    if run is None or run["metadata"].get("deletionTimestamp"):
+        return None
+    spec = TrainingRunSpec.model_validate(run["spec"])
+    previous = TrainingRunStatus.model_validate(run.get("status") or {})
     if lifecycle.is_finished(previous):
         observed = lifecycle.Observed(pool=None)
     else:
         observed = await observe(rt, name, namespace, spec, previous)
-    plan = await _carry_out(rt, run, lifecycle.plan(identity, spec, previous, observed, _now()))
+    planned = lifecycle.plan(_identity(rt, run), spec, previous, observed, _now())
+    plan = await _carry_out(rt, run, planned)
     if plan.status != previous:
         await rt.client.patch_status(API_VERSION, KIND, namespace, name, plan.status.to_patch())
-    body = cast(kopf.Body, run)
-    for event in plan.events:
-        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
-    if plan.delete_run:
-        kopf.event(
-            body,
-            type="Normal",
-            reason="Expired",
-            message=f"deleting the run {spec.ttl_seconds_after_finished}s after it finished",
-        )
-        await rt.client.delete(API_VERSION, KIND, namespace, name, meta["uid"])
+    await _announce(rt, run, spec, plan)
     return plan
 
 
@@ -185,41 +204,52 @@ def next_pass(settings: OperatorSettings, plan: lifecycle.Plan | None) -> float 
     return settings.trainingrun_resync_seconds
 
 
-def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
-    """Register the TrainingRun handlers on a registry (tests build their own)."""
-    wakes: dict[RunKey, asyncio.Event] = {}
-    pools: dict[RunKey, str] = {}
-    run_children = {RUN_LABEL: kopf.PRESENT}
+class Runs:
+    """Each run daemon's wake-up event, and the pool each run reads (so a pool's change wakes
+    the runs on it)."""
 
-    def wake(key: RunKey) -> None:
-        event = wakes.get(key)
+    def __init__(self) -> None:
+        self.wakes: dict[RunKey, asyncio.Event] = {}
+        self.pools: dict[RunKey, str] = {}
+
+    def wake(self, key: RunKey) -> None:
+        event = self.wakes.get(key)
         if event is not None:
             event.set()
 
+    def wake_runs_on(self, namespace: str | None, pool: str) -> None:
+        for key, name in list(self.pools.items()):
+            if key[0] == namespace and name == pool:
+                self.wake(key)
+
+
+def _register_wakers(registry: kopf.OperatorRegistry, runs: Runs) -> None:
+    run_children = {RUN_LABEL: kopf.PRESENT}
+
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     def trainingrun_changed(namespace: str | None, name: str, **_: Any) -> None:
-        wake((namespaced(namespace), name))
+        runs.wake((namespaced(namespace), name))
 
     @kopf.on.event("batch", "v1", "jobs", labels=run_children, registry=registry)
     @kopf.on.event("ray.io", "v1", "rayjobs", labels=run_children, registry=registry)
     def trainingrun_child_changed(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
-        wake((namespaced(namespace), labels[RUN_LABEL]))
+        runs.wake((namespaced(namespace), labels[RUN_LABEL]))
 
     @kopf.on.event(GROUP, VERSION, "envpools", registry=registry)
     def trainingrun_pool_changed(namespace: str | None, name: str, **_: Any) -> None:
-        for key, pool in list(pools.items()):
-            if key[0] == namespace and pool == name:
-                wake(key)
+        runs.wake_runs_on(namespace, name)
 
+
+def _register_daemon(registry: kopf.OperatorRegistry, rt: Runtime, runs: Runs) -> None:
     @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=5, registry=registry)
     async def trainingrun_daemon(
         name: str, namespace: str | None, spec: kopf.Spec, stopped: kopf.DaemonStopped, **_: Any
     ) -> None:
         key = (namespaced(namespace), name)
-        event = wakes.setdefault(key, asyncio.Event())
+        event = runs.wakes.setdefault(key, asyncio.Event())
 
         async def reconcile_once() -> float | None:
-            pools[key] = spec.get("envPoolRef", {}).get("name", "")
+            runs.pools[key] = spec.get("envPoolRef", {}).get("name", "")
             return next_pass(rt.settings, await reconcile(rt, key[0], name))
 
         try:
@@ -227,5 +257,12 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
                 f"TrainingRun {key[0]}/{name}", reconcile_once, event, stopped
             )
         finally:
-            wakes.pop(key, None)
-            pools.pop(key, None)
+            runs.wakes.pop(key, None)
+            runs.pools.pop(key, None)
+
+
+def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
+    """Register the TrainingRun handlers on a registry (tests build their own)."""
+    runs = Runs()
+    _register_wakers(registry, runs)
+    _register_daemon(registry, rt, runs)
