@@ -12,7 +12,10 @@ import pytest
 pytestmark = pytest.mark.unit
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-DOCKERFILES = sorted((REPO_ROOT / "images").glob("*/*Dockerfile"))
+# gymkube's images, and the bring-your-own OpenEnv server example built beside them.
+DOCKERFILES = sorted(
+    [*(REPO_ROOT / "images").glob("*/*Dockerfile"), *(REPO_ROOT / "examples").glob("*/Dockerfile")]
+)
 HADOLINT = Path(sys.executable).parent / "hadolint"
 BUILD_SCRIPT = (REPO_ROOT / "hack" / "build-images.sh").read_text()
 # `[image]="dockerfile target wheel-set base-flavours"` lines of the build script's recipe table.
@@ -55,7 +58,7 @@ def test_images_take_a_base_image_and_run_as_the_non_root_uid(dockerfile: Path) 
 
 def test_every_image_in_the_build_script_has_its_target_and_wheels() -> None:
     assert {image for image, *_ in RECIPES} == {
-        "envserver", "router", "operator", "preflight", "trainer", "trainer-cpu",
+        "envserver", "router", "operator", "preflight", "trainer", "trainer-cpu", "openenv-sudoku",
     }  # fmt: skip
     locked = re.findall(r"^declare -A LOCKED=\(\[([a-z-]+)\]=", BUILD_SCRIPT, re.MULTILINE)
     for image, dockerfile, target, wheel_set in RECIPES:
@@ -77,15 +80,16 @@ def test_every_image_in_the_build_script_has_its_target_and_wheels() -> None:
         assert wanted_from <= copied, (image, copied)
 
 
-def test_build_context_holds_only_the_wheels() -> None:
+def test_build_context_holds_only_the_wheels_and_the_example_server() -> None:
     ignored = [
         line
         for line in (REPO_ROOT / ".dockerignore").read_text().splitlines()
         if line and not line.startswith("#")
     ]
-    assert ignored == ["*", "!out/wheels/"]
+    assert ignored == ["*", "!out/wheels/", "!examples/openenv-sudoku/sudoku_server.py"]
+    admitted = tuple(line[1:] for line in ignored[1:])
     for dockerfile in DOCKERFILES:
         for stage in stages(dockerfile).values():
             for line in stage:
                 if line.startswith("COPY ") and "--from" not in line:
-                    assert line.split()[1].startswith("out/wheels/"), (dockerfile, line)
+                    assert line.split()[1].startswith(admitted), (dockerfile, line)
