@@ -1,8 +1,8 @@
 """An EnvPool's condition types and the reasons of its Degraded condition, named once for the
 operator and its readers.
 
-TrainingRuns and `make up` (hack/gymkube_dev/waits.py) import them from here, so this module imports nothing
-beyond the standard library.
+TrainingRuns and `make up` (hack/gymkube_dev) import them from here, so this module imports
+nothing beyond the standard library.
 """
 
 from enum import StrEnum
