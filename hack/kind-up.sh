@@ -23,9 +23,20 @@ else
 	config=$(mktemp)
 	trap 'rm -f "$config"' EXIT
 	kind_cluster_config "$image" >"$config"
-	"$kind" create cluster --name "$KIND_NAME" --image "$image" --config "$config" \
-		--kubeconfig "$KIND_KUBECONFIG" --wait 180s ||
-		die "kind could not create the cluster from $image (\`docker logs $KIND_NAME-control-plane\` shows the node's boot)"
+	# kind gives the node's systemd a fixed 30 s to boot; on a loaded machine it can take longer,
+	# and kind then deletes the node. Boot failures are retried; any other failure is not.
+	out=$(mktemp)
+	trap 'rm -f "$config" "$out"' EXIT
+	for attempt in 1 2 3; do
+		if "$kind" create cluster --name "$KIND_NAME" --image "$image" --config "$config" \
+			--kubeconfig "$KIND_KUBECONFIG" --wait 180s 2>&1 | tee "$out" >&2; then
+			break
+		fi
+		if ((attempt == 3)) || ! grep -q 'could not find a log line that matches' "$out"; then
+			die "kind could not create the cluster from $image (\`docker logs $KIND_NAME-control-plane\` shows the node's boot)"
+		fi
+		log "the node did not boot within kind's 30 s (load $(cut -d' ' -f1 /proc/loadavg)); retrying"
+	done
 fi
 if (($#)); then
 	# One call: kind skips images the node already has and saves the rest as one archive, so
