@@ -10,8 +10,9 @@ from gymkube_dev.errors import StepError
 from gymkube_dev.kube import Kube
 from gymkube_dev.settings import ClusterKind, UpSettings, UpState, save_state
 
-KIND_MIN_CPUS = 4
-"""CPUs a kind node needs for `make up`'s examples next to kind's own control-plane pods."""
+KIND_MIN_CPUS = 2
+"""CPUs a kind node needs for `make up`'s examples (their small-node profile) next to kind's own
+control-plane pods."""
 LOCAL_CLUSTER = str(HACK / "local-cluster.sh")
 
 

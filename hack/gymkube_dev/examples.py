@@ -41,6 +41,9 @@ SMALL_NODE_OVERRIDES: dict[tuple[str, str], dict[str, Any]] = {
         "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
         "router": {"resources": {"requests": {"cpu": "20m", "memory": "64Mi"}}},
     },
+    # A request, not a limit: the trainer still uses every idle core. On a 2-CPU kind node the
+    # control plane's pods hold 950m, and a 1-CPU request would leave the run Pending.
+    ("TrainingRun", "frozen-lake-cpu"): {"resources": {"requests": {"cpu": "400m"}}},
 }
 DELETE_TIMEOUT_S = 120.0
 RUN_DELETE_TIMEOUT_S = 180.0

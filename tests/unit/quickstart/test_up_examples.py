@@ -14,6 +14,7 @@ from gymkube_operator.envpool.models import EnvPoolSpec
 from gymkube_operator.trainingrun import command
 from gymkube_operator.trainingrun.command import Run, RunTarget
 from gymkube_operator.trainingrun.models import TrainingRunSpec
+from gymkube_operator.trainingrun.render import PREFLIGHT_RESOURCES
 
 pytestmark = pytest.mark.unit
 
@@ -63,6 +64,31 @@ def test_small_node_overrides_change_only_sizes_never_the_pools_identity() -> No
         for p in small.values()
     )
     assert requested < 1.0, f"small-node pools still ask for {requested} CPUs"
+
+
+# What a one-node kind cluster's own pods request: kube-apiserver 250m, controller-manager 200m,
+# scheduler 100m, etcd 100m, two CoreDNS 100m each, kindnet 100m.
+KIND_SYSTEM_CPU = 0.95
+
+
+def test_the_small_node_profile_fits_a_2_cpu_kind_node_while_the_cpu_run_trains() -> None:
+    objects = example_objects(True)
+    pools = by_kind(objects, "EnvPool").values()
+    servers = sum(
+        cpu_cores(p["spec"]["resources"]["requests"]["cpu"]) * p["spec"]["replicas"] for p in pools
+    )
+    routers = sum(
+        cpu_cores(p["spec"]["router"]["resources"]["requests"]["cpu"])
+        * p["spec"]["router"].get("replicas", 1)
+        for p in pools
+    )
+    trainer = cpu_cores(
+        by_kind(objects, "TrainingRun")["frozen-lake-cpu"]["spec"]["resources"]["requests"]["cpu"]
+    )
+    # The GPU run's preflight may still be running when the CPU run's trainer starts.
+    preflight = cpu_cores(PREFLIGHT_RESOURCES["requests"]["cpu"])
+    requested = KIND_SYSTEM_CPU + servers + routers + trainer + preflight
+    assert requested <= 2.0, f"{requested:.2f} CPUs requested on a 2-CPU node"
 
 
 def test_the_frozen_lake_pool_holds_every_episode_the_run_plays_at_once() -> None:
