@@ -87,10 +87,11 @@ def process_tree(pid: int) -> list[int]:
 
 
 def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process tree, counting the children it has reaped (closed JVMs)."""
     total = 0.0
     for member in process_tree(pid):
         with suppress(OSError):
-            total += cpu_seconds(member)
+            total += cpu_seconds(member, reaped_children=True)
     return total
 
 
@@ -111,10 +112,11 @@ def settle(pids: list[int], window_s: float = 0.3, idle_share: float = 0.05) -> 
     raise TimeoutError("the servers did not settle")
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far."""
+def cpu_seconds(pid: int, reaped_children: bool = False) -> float:
+    """User + system CPU time of a process so far (and of its children it has waited for)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    ticks = sum(int(value) for value in fields[11 : 15 if reaped_children else 13])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def tree_rss_mib(pid: int) -> float:
