@@ -120,6 +120,10 @@ test-integration: install tools ## Integration tier: the operator against a real
 test-e2e: install tools images ## e2e tier: kind (else the local cluster), the images loaded, tests/e2e.
 	hack/test-e2e.sh
 
+.PHONY: bench-scale
+bench-scale: install tools ## Operator at 100 and 1,000 pools x 10 servers on kwok pods, as JSON (minutes; not in `make test`).
+	$(PY) bench/scale.py
+
 .PHONY: test
 test: install tools ## Every tier this machine can run (the README's test command).
 	$(PY) -m pytest tests

@@ -27,6 +27,7 @@ import datetime
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -55,6 +56,10 @@ GROUP, VERSION, PLURAL = "gymkube.io", "v1alpha1", "envpools"
 NAMESPACE = "bench"
 OPERATOR_USER = "gymkube-bench-operator"
 PODS_PER_NODE = 1000
+# On a busy 2-core machine 1,000 pools take many minutes: steady state is measured only after.
+READY_TIMEOUT_SECONDS = 1800.0
+# A ClusterIP for each pool's Service: the integration fixture's /24 holds 254.
+SERVICE_CIDR = "10.0.0.0/16"
 WATCHDOG = WatchdogSpec()
 TARGETS = {
     "all_ready_seconds_1000_pools": 120.0,
@@ -130,7 +135,11 @@ def running_operator(
         yield psutil.Process(operator.pid)
     finally:
         operator.terminate()
-        operator.wait(timeout=60)
+        try:
+            operator.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            operator.kill()
+            operator.wait()
 
 
 def ready_pools(custom: kubernetes.client.CustomObjectsApi) -> set[str]:
@@ -210,7 +219,9 @@ def steady_state(
     operator: psutil.Process, farm: str, audit_log: Path, pods: int, seconds: float
 ) -> dict[str, Any]:
     before = sample(operator, farm)
+    psutil.cpu_percent()
     time.sleep(seconds)
+    machine_cpu = psutil.cpu_percent()
     after = sample(operator, farm)
     window = after.at - before.at
     counts = audit_counts(audit_log, before.at, after.at)
@@ -219,6 +230,8 @@ def steady_state(
         "window_seconds": round(window, 1),
         "operator_cpu_percent": round(100 * (after.cpu_seconds - before.cpu_seconds) / window, 1),
         "operator_rss_mb": round(after.rss_mb, 1),
+        # Everything on the machine: the control plane, kwok, the farm, and other work.
+        "machine_cpu_percent": machine_cpu,
         "probes_per_second": round((after.probes - before.probes) / window, 1),
         "probes_per_second_required": round(pods / WATCHDOG.probe_period_seconds, 1),
         "api_requests_per_second": round(sum(counts.values()) / window, 2),
@@ -286,9 +299,10 @@ def run_size(pools: int, replicas: int, steady: float, operator_bin: Path) -> di
     with contextlib.ExitStack() as stack:
         farm = stack.enter_context(running_farm())
         audit_flags, audit = stack.enter_context(audit_log())
+        service_cidr = f"--service-cluster-ip-range={SERVICE_CIDR}"
         extra = {
-            "kube-apiserver": audit_flags,
-            "kube-controller-manager": CONTROLLER_MANAGER_SCALE_ARGS,
+            "kube-apiserver": [*audit_flags, service_cidr],
+            "kube-controller-manager": [*CONTROLLER_MANAGER_SCALE_ARGS, service_cidr],
         }
         kube = stack.enter_context(running_control_plane(extra_args=extra))
         stack.enter_context(running_kwok(kube, nodes, PODS_PER_NODE))
@@ -302,7 +316,7 @@ def run_size(pools: int, replicas: int, steady: float, operator_bin: Path) -> di
         custom = kubernetes.client.CustomObjectsApi(client)
         core = kubernetes.client.CoreV1Api(client)
         applied_at = time.time()
-        ramp = apply_and_wait_ready(custom, pools, replicas, timeout=600)
+        ramp = apply_and_wait_ready(custom, pools, replicas, timeout=READY_TIMEOUT_SECONDS)
         ramp["api_requests_until_ready"] = sum(
             audit_counts(audit, applied_at, time.time()).values()
         )
@@ -338,6 +352,8 @@ def main() -> None:
         help="the gymkube-operator executable to run",
     )
     options = parser.parse_args()
+    # Stopped from outside, still stop the operator and the farm and remove the control plane.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     results = []
     for pools in options.pools:
         load_before = os.getloadavg()

@@ -28,9 +28,18 @@ CONTROLLER_MANAGER_SCALE_ARGS = (
     "--concurrent-replicaset-syncs=20",
 )
 
-# kwok's behaviour as Stage objects (its API, kwok.x-k8s.io/v1alpha1): a node turns Ready; a
-# scheduled pod turns Running with every container started and ready; a deleted pod goes.
-STAGES = """
+# kwok's configuration: enough workers that thousands of pods turn Running in seconds (4 each
+# by default, which holds a 10,000-pod ramp to about 10 pods/s), then its behaviour as Stage
+# objects (kwok.x-k8s.io/v1alpha1): a node turns Ready; a scheduled pod turns Running with every
+# container started and ready; a deleted pod goes.
+KWOK_CONFIG = """
+apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokConfiguration
+options:
+  podPlayStageParallelism: 64
+  nodePlayStageParallelism: 8
+  nodeLeaseParallelism: 8
+---
 apiVersion: kwok.x-k8s.io/v1alpha1
 kind: Stage
 metadata: {name: gymkube-node-ready}
@@ -135,8 +144,8 @@ def running_kwok(kube: ControlPlane, nodes: int, pods_per_node: int = 1000) -> I
     """kube-scheduler and kwok against kube, with `nodes` fake nodes; stopped on exit."""
     _require(kube.bin_dir, "kube-scheduler", "kwok")
     logs = kube.workdir / "logs"
-    stages = kube.workdir / "kwok-stages.yaml"
-    stages.write_text(STAGES)
+    config = kube.workdir / "kwok.yaml"
+    config.write_text(KWOK_CONFIG)
     scheduler = _Process(
         "kube-scheduler",
         [
@@ -154,7 +163,7 @@ def running_kwok(kube: ControlPlane, nodes: int, pods_per_node: int = 1000) -> I
         [
             str(kube.bin_dir / "kwok"),
             f"--kubeconfig={kube.kubeconfig}",
-            f"--config={stages}",
+            f"--config={config}",
             f"--manage-nodes-with-annotation-selector={NODE_ANNOTATION}=fake",
             "--node-lease-duration-seconds=40",
             "--cidr=10.128.0.0/10",
