@@ -9,6 +9,8 @@
   interleaved on identical action sequences. Target: at most 1.2x (at most 5 ms added at p50).
 - frozen_lake: steps/s with 64 concurrent sessions on one server process (client in another
   process, keep-alive connections). Target: at least 2,000 steps/s.
+- reset_parts: where a /reset on a warmed JVM spends its time, part by part (wall and JVM CPU),
+  and what loading the same task variation again costs.
 - batch_pattern (``batch_pattern.py``): what a GRPO rollout does for days: rounds of
   ``--batch-sessions`` concurrent ScienceWorld episodes against gymkube with and without env reuse
   and AgentGym's model (a new JVM per /create), side by side, then memory over 50 rounds.
@@ -347,7 +349,57 @@ def bench_jvm_flags(rounds: int) -> dict[str, Any]:
     }
 
 
-SECTIONS = ("create_reset", "sciworld_step", "frozen_lake", "batch_pattern")
+def bench_reset_parts(resets: int) -> dict[str, Any]:
+    """Where a reset on a warmed JVM goes: wall and JVM CPU ms of each part the server's reset
+    does (the wrapper's checks, ScienceWorld's task load, the task description, the first look
+    around), the same variation loaded again, and a full step's JVM CPU; p50 wall, mean CPU."""
+    os.environ["JAVA_TOOL_OPTIONS"] = SERVER_JVM_OPTIONS
+    from gymkube_envserver.envs.sciworld import look_around
+    from scienceworld import ScienceWorldEnv
+
+    env = ScienceWorldEnv()
+    warm_up_like_the_server(env)
+    time.sleep(2.0)  # JIT compiles the warm-up queued
+    jvm = env._gateway.java_process.pid
+    parts: dict[str, Callable[[str, int], Any]] = {
+        "wrapper_checks": lambda task, variation: (
+            env.get_task_names(),
+            env.get_possible_simplifications(),
+        ),
+        "task_load": lambda task, variation: env.server.load(task, variation, "", False),
+        "task_description": lambda task, variation: env.get_task_description(),
+        "first_look_around": lambda task, variation: look_around(env),
+        "same_task_loaded_again": lambda task, variation: env.server.load(
+            task, variation, "", False
+        ),
+        "full_step": lambda task, variation: env.step("inventory"),
+    }
+    wall: dict[str, list[float]] = {name: [] for name in parts}
+    cpu: dict[str, list[float]] = {name: [] for name in parts}
+    names = env.get_task_names()
+    for number in range(resets):
+        task = names[number * 7 % len(names)]
+        variation = number % int(env.get_max_variations(task))
+        env.taskName, env.variationIdx, env.simplificationStr = task, variation, ""
+        for name, part in parts.items():
+            cpu_before, began = cpu_seconds(jvm), time.perf_counter()
+            part(task, variation)
+            wall[name].append((time.perf_counter() - began) * 1000)
+            cpu[name].append((cpu_seconds(jvm) - cpu_before) * 1000)
+    env.close()
+    reset_parts = ("wrapper_checks", "task_load", "task_description", "first_look_around")
+    return {
+        "resets": resets,
+        "wall_p50_ms": {name: p50(values) for name, values in wall.items()},
+        "jvm_cpu_mean_ms": {name: round(statistics.mean(v), 1) for name, v in cpu.items()},
+        "reset_wall_p50_ms": p50(
+            [sum(wall[name][k] for name in reset_parts) for k in range(resets)]
+        ),
+        "load_average": load_average(),
+    }
+
+
+SECTIONS = ("create_reset", "sciworld_step", "frozen_lake", "reset_parts", "batch_pattern")
 
 
 def main() -> None:
@@ -386,6 +438,7 @@ def main() -> None:
         "create_reset": lambda: bench_create_reset(4 if args.quick else 10),
         "sciworld_step": lambda: bench_sciworld_step(*((12, 1) if args.quick else (90, 3))),
         "frozen_lake": lambda: bench_frozen_lake(64, 3.0 if args.quick else 10.0),
+        "reset_parts": lambda: bench_reset_parts(10 if args.quick else 40),
         "batch_pattern": lambda: bench_batch_pattern(
             args.batch_sessions, *((2, 3) if args.quick else (args.batch_rounds, 50))
         ),
