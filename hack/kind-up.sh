@@ -39,10 +39,26 @@ else
 	done
 fi
 if (($#)); then
-	# One call: kind skips images the node already has and saves the rest as one archive, so
-	# layers the images share are copied once.
-	log "loading $*"
-	"$kind" load docker-image "$@" --name "$KIND_NAME" >/dev/null
+	# What `kind load docker-image` does, streamed: kind writes the whole archive to a temporary
+	# file first, gigabytes for the trainer image, on top of the two copies the node keeps.
+	# Images the node has (same ID) are skipped; the rest go as one archive, so layers they share
+	# are copied once.
+	node=$KIND_NAME-control-plane
+	missing=()
+	for ref in "$@"; do
+		want=$(docker image inspect --format '{{.Id}}' "$ref") || die "Docker has no image $ref"
+		have=$(docker exec "$node" crictl inspecti -o go-template --template '{{.status.id}}' \
+			"$ref" 2>/dev/null || true)
+		[[ $have == "$want" ]] || missing+=("$ref")
+	done
+	if ((${#missing[@]})); then
+		log "loading ${missing[*]}"
+		docker save "${missing[@]}" |
+			docker exec -i "$node" ctr --namespace=k8s.io images import --all-platforms --digests - >/dev/null ||
+			die "loading ${missing[*]} into $node failed (see above; \`df -h\` if the disk is full)"
+	else
+		log "the node has $* already"
+	fi
 fi
 log "export KUBECONFIG=$KIND_KUBECONFIG"
 echo "$KIND_KUBECONFIG"
