@@ -69,14 +69,15 @@ class ServerSettings(BaseSettings):
     recycle_after_episodes: int = Field(
         default=DEFAULT_RECYCLE_AFTER_EPISODES,
         ge=0,
-        description="Close an env, when its session ends, once it has played this many episodes "
-        "(0: never).",
+        description="Close an env (when its session ends, or at a reset when an idle env can "
+        "take over) once it has played this many episodes (0: never).",
     )
     recycle_rss_mib: int = Field(
         default=DEFAULT_RECYCLE_RSS_MIB,
         ge=0,
-        description="Close an env, when its session ends, if its own process (ScienceWorld's JVM) "
-        "holds more than this many MiB resident (0: never).",
+        description="Close an env (when its session ends, or at a reset when an idle env can "
+        "take over) if its own process (ScienceWorld's JVM) holds more than this many MiB "
+        "resident (0: never).",
     )
     idle_timeout: float = Field(
         default=600.0, ge=0, description="Close sessions idle this many seconds (0: never)."

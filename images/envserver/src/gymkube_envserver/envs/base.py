@@ -78,8 +78,8 @@ class EnvInstance(ABC):
 
     def rss_bytes(self) -> int | None:
         """Resident memory of the instance's own process (ScienceWorld's JVM); None for envs
-        that run inside the server process. Read when its session ends, to recycle a bloated
-        one; must be cheap and must not raise."""
+        that run inside the server process. Read when its session ends and at each of its
+        resets, to recycle a bloated one; must be cheap and must not raise."""
         return None
 
     @abstractmethod
