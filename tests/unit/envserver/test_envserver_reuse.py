@@ -24,6 +24,10 @@ def jvm_of(app: FastAPI, session: str) -> int:
     return int(app.state.manager.sessions[session].instance._env._gateway.java_process.pid)
 
 
+def warm_jvms(app: FastAPI) -> set[int]:
+    return {int(env.instance._env._gateway.java_process.pid) for env in app.state.manager.warm}
+
+
 async def wait_for(predicate: Any, timeout_s: float = 120.0) -> None:
     for _ in range(round(timeout_s / 0.05)):
         if predicate():
@@ -211,8 +215,11 @@ async def test_a_reused_jvm_plays_each_task_exactly_as_a_new_jvm() -> None:
         assert (counts["envs_started"], counts["envs_reused"]) == (2, 2)
 
 
-async def test_a_jvm_whose_call_failed_is_never_reused() -> None:
-    async with asgi_server(env="sciworld", warm=0, max_sessions=1) as (client, app):
+async def test_a_jvm_whose_call_failed_is_never_reused_and_is_replaced() -> None:
+    async with asgi_server(env="sciworld", warm=0, warm_up_resets=1, max_sessions=1) as (
+        client,
+        app,
+    ):
         session = (await client.post("/create")).json()["id"]
         jvm = jvm_of(app, session)
         bad = await client.post(
@@ -225,8 +232,10 @@ async def test_a_jvm_whose_call_failed_is_never_reused() -> None:
         ok = await client.post("/reset", json={"id": session, "data_idx": 0})
         assert ok.status_code == 200
         await client.post("/close", json={"id": session})
-        # ... but its JVM serves no one after it.
-        assert not app.state.manager.warm
+        # ... but its JVM serves no one after it: a new one takes its place in the pool.
+        assert jvm not in warm_jvms(app)
+        await wait_for(lambda: len(app.state.manager.warm) == 1)
+        assert jvm not in warm_jvms(app)
         session = (await client.post("/create")).json()["id"]
         assert jvm_of(app, session) != jvm
         counts = await status(client)
