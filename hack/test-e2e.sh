@@ -3,13 +3,11 @@
 # afterwards), the images `make images` built loaded into it, then tests/e2e.
 #
 # GYMKUBE_E2E_CLUSTER picks the cluster:
-#   running (default)  a kind cluster that is up (`make kind-up`), else the local single-node
-#                      cluster (hack/local-cluster.sh)
-#   auto               a kind cluster that is up; else the local cluster when it is up; else kind
+#   auto (default)     a kind cluster that is up; else the local cluster when it is up; else kind
 #                      when a node image can be had (kind's own where Docker can pull it, else
-#                      `hack/kind-node-image.sh` builds one here); else the local cluster. The same
-#                      order as `make up`; making it the default moves `make test` to kind
-#                      (docs/cluster.md has the numbers and what holds it back).
+#                      `hack/kind-node-image.sh` builds one here); else the local single-node
+#                      cluster (hack/local-cluster.sh). The same order as `make up`.
+#   running            a kind cluster that is up (`make kind-up`), else the local cluster
 #   kind | local       that one, or fail
 # On any other cluster run the suite directly (docs/cluster.md).
 set -euo pipefail
@@ -25,7 +23,7 @@ mapfile -t images <<<"$refs"
 say() { printf 'test-e2e: %s\n' "$*" >&2; }
 
 choose_cluster() {
-	case ${GYMKUBE_E2E_CLUSTER:-running} in
+	case ${GYMKUBE_E2E_CLUSTER:-auto} in
 	kind | local) echo "$GYMKUBE_E2E_CLUSTER" ;;
 	running)
 		if hack/ensure-docker.sh >/dev/null 2>&1 && kind_cluster_exists; then
@@ -47,7 +45,7 @@ choose_cluster() {
 		fi
 		;;
 	*)
-		say "error: GYMKUBE_E2E_CLUSTER=$GYMKUBE_E2E_CLUSTER (running, auto, kind or local)"
+		say "error: GYMKUBE_E2E_CLUSTER=$GYMKUBE_E2E_CLUSTER (auto, running, kind or local)"
 		exit 2
 		;;
 	esac
