@@ -198,7 +198,9 @@ def bench_batch_pattern(sessions: int, rounds: int, memory_rounds: int) -> dict[
             clients = {
                 name: aiohttp.ClientSession(
                     url,
-                    connector=aiohttp.TCPConnector(limit=sessions),
+                    # Idle connections closed before the server's own keep-alive (uvicorn: 5 s)
+                    # drops them, as the router does: the settling between rounds is longer.
+                    connector=aiohttp.TCPConnector(limit=sessions, keepalive_timeout=3.0),
                     timeout=aiohttp.ClientTimeout(total=600),
                 )
                 for name, (url, _) in servers.items()
