@@ -26,12 +26,15 @@ CONTROLLER_MANAGER_SCALE_ARGS = (
     "--kube-api-burst=2000",
     "--concurrent-statefulset-syncs=20",
     "--concurrent-replicaset-syncs=20",
+    # A starved kwok renews its nodes' leases late; a node marked unreachable would mark every
+    # pod on it not Ready (and evict them), which no real kubelet outage is being measured for.
+    "--node-monitor-grace-period=10m",
 )
 
 # kwok's configuration: enough workers that thousands of pods turn Running in seconds (4 each
 # by default, which holds a 10,000-pod ramp to about 10 pods/s), then its behaviour as Stage
-# objects (kwok.x-k8s.io/v1alpha1): a node turns Ready; a scheduled pod turns Running with every
-# container started and ready; a deleted pod goes.
+# objects (kwok.x-k8s.io/v1alpha1): a node turns Ready; a scheduled pod that is not Ready turns
+# Running with every container started and ready; a deleted pod goes.
 KWOK_CONFIG = """
 apiVersion: config.kwok.x-k8s.io/v1alpha1
 kind: KwokConfiguration
@@ -70,7 +73,8 @@ spec:
   selector:
     matchExpressions:
     - {key: '.metadata.deletionTimestamp', operator: DoesNotExist}
-    - {key: '.status.phase', operator: In, values: [Pending]}
+    - {key: '.status.conditions.[] | select( .type == "Ready" ) | .status',
+       operator: NotIn, values: ['True']}
   next:
     statusTemplate: |
       {{ $now := Now }}

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import random
 from collections.abc import Awaitable, Callable
 
 import aiohttp
@@ -43,11 +44,11 @@ async def reconcile_until_stopped(
             try:
                 delay = await reconcile_once()
             except (KubeError, aiohttp.ClientError, TimeoutError) as error:
-                logger.warning("%s: %s; retrying", what, error)
-                delay = RETRY_SECONDS
+                logger.warning("%s: %s; retrying", what, str(error) or type(error).__name__)
+                delay = _retry_delay()
             except Exception:
                 logger.exception("%s: reconcile failed; retrying", what)
-                delay = RETRY_SECONDS
+                delay = _retry_delay()
             if delay is None:
                 return
             with contextlib.suppress(TimeoutError):
@@ -58,6 +59,11 @@ async def reconcile_until_stopped(
                     await asyncio.sleep(debounce_seconds)
     finally:
         stopping.cancel()
+
+
+def _retry_delay() -> float:
+    # Jittered up to +50%: objects that failed together (an API server restart) retry spread out.
+    return RETRY_SECONDS * random.uniform(1.0, 1.5)
 
 
 async def _set_when_stopped(stopped: kopf.DaemonStopped, wake: asyncio.Event) -> None:
@@ -83,6 +89,7 @@ class Runtime:
     _client: KubeClient | None = None
     _probes: aiohttp.ClientSession | None = None
     _limit: asyncio.Semaphore | None = None
+    _apply_limit: asyncio.Semaphore | None = None
 
     def __post_init__(self, resolver: AddressResolver | None) -> None:
         self.resolve = resolver or address_resolver(self.settings.probe_address_template)
@@ -113,6 +120,12 @@ class Runtime:
         if self._limit is None:
             self._limit = asyncio.Semaphore(self.settings.probe_concurrency)
         return self._limit
+
+    @property
+    def apply_limit(self) -> asyncio.Semaphore:
+        if self._apply_limit is None:
+            self._apply_limit = asyncio.Semaphore(self.settings.apply_concurrency)
+        return self._apply_limit
 
     async def close(self) -> None:
         for session in (self._client, self._probes):

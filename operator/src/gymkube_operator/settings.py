@@ -66,6 +66,14 @@ class OperatorSettings(BaseSettings):
             "only for special networks or tests (bench/scale.py points it at a loopback farm)."
         ),
     )
+    apply_concurrency: int = Field(
+        12,
+        ge=1,
+        description=(
+            "EnvPools whose children are applied at once: bounds the burst of API requests when "
+            "many pools start together (operator start, a thousand new pools)."
+        ),
+    )
     field_manager: str = Field("gymkube-operator", description="Server-side apply field manager.")
     network_policy: bool = Field(
         False,

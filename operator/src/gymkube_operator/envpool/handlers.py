@@ -115,7 +115,8 @@ async def _apply_children(rt: Runtime, state: PoolState, pool: Pool) -> Observed
     owner = builders.owner(pool.name, pool.namespace, pool.uid)
     children = builders.build_children(owner, pool.spec, rt.settings)
     try:
-        applied = await asyncio.gather(*(rt.client.apply(child) for child in children))
+        async with rt.apply_limit:
+            applied = await asyncio.gather(*(rt.client.apply(child) for child in children))
     except KubeError as error:
         state.applied_generation = None  # try again next pass
         return Observed(statefulset=None, router=None, apply_error=str(error))
