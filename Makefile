@@ -70,7 +70,7 @@ manifests: install tools ## Regenerate every generated file: the CRDs (from the 
 ##@ Tools (built from the Go module proxy into $(GYMKUBE_CACHE))
 
 .PHONY: tools
-tools: ## Build the pinned Kubernetes binaries, etcd, helm and kustomize (cached; seconds when warm).
+tools: ## Build the pinned Kubernetes binaries, etcd, helm, kustomize and kwok (cached; seconds when warm).
 	hack/build-tools.sh
 
 ##@ Images (local Docker, no registry: debootstrap base images, wheels built here; docs/install.md)
