@@ -1,6 +1,6 @@
 """A real OpenEnv server as a test process: examples/openenv-sudoku/sudoku_server.py (OpenEnv
 0.10's ``create_app`` under uvicorn, hosting TextArena Sudoku), as the "bring your own OpenEnv
-server" tests and ``bench/openenv.py`` run it."""
+server" tests and ``bench/openenv_ws.py`` run it."""
 
 from __future__ import annotations
 

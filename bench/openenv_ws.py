@@ -16,7 +16,7 @@ server and load: steps/s, server CPU µs per step (utime+stime from /proc over t
 p50/p99 step latency, RSS per open session, and for the router its added p50/p99 latency and
 its CPU µs per relayed WebSocket message. Goal: gymkube >= OpenEnv's server on every figure.
 
-    .venv/bin/python bench/openenv.py [--window 8] [--rounds 3] [--sessions 16 64]
+    .venv/bin/python bench/openenv_ws.py [--window 8] [--rounds 3] [--sessions 16 64]
 """
 
 from __future__ import annotations
@@ -33,12 +33,8 @@ from typing import Any
 
 SCRIPT = str(Path(__file__).resolve())
 REPO_ROOT = Path(SCRIPT).parents[1]
-BENCH = REPO_ROOT / "bench"
-# This file's name is the openenv package's: bench/ goes last on the path so the package wins.
-sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != BENCH]
 sys.path.insert(0, str(REPO_ROOT / "tests" / "unit" / "router"))
 sys.path.insert(0, str(REPO_ROOT / "tests" / "unit" / "openenv"))
-sys.path.append(str(BENCH))
 
 from measure import cpu_seconds  # noqa: E402
 from openenv_sudoku import GAME, openenv_sudoku_server  # noqa: E402
