@@ -216,6 +216,16 @@ def test_a_pending_pod_is_starting_not_running() -> None:
     assert plan.status.start_time is None
 
 
+def test_a_trainer_that_finished_is_running_until_the_job_is_complete() -> None:
+    finishing = job(
+        "grpo-train", ("SuccessCriteriaMet", "CompletionsReached"), ready=0, succeeded=1
+    )
+    plan = step(Observed(pool=pool(), training=finishing), started())
+    assert plan.status.phase == Phase.RUNNING
+    assert condition(plan, "Running") == ("True", "TrainingRunning")
+    assert condition(plan, "Succeeded") == ("False", "Running")
+
+
 def test_failed_job_fails_the_run_with_the_jobs_reason() -> None:
     failed = job("grpo-train", ("Failed", "BackoffLimitExceeded"))
     plan = step(Observed(pool=pool(), training=failed), started())
