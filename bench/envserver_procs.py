@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 from gymkube_dev.ports import free_port
+from gymkube_dev.processes import stop
 from gymkube_envserver.envs.sciworld import jvm_tool_options
 from gymkube_envserver.settings import DEFAULT_JVM_OPTIONS
 
@@ -58,12 +59,7 @@ def envserver(*args: str, jvm_options: str | None = None) -> Iterator[tuple[str,
             time.sleep(0.1)
         yield url, server.pid
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop(server, timeout=60)
 
 
 def wait_warm(client: httpx.Client, target: int) -> None:

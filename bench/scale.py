@@ -41,6 +41,7 @@ from typing import Any
 
 import kubernetes
 import psutil
+from gymkube_dev.processes import stop
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "tests" / "integration"))
@@ -103,8 +104,7 @@ def running_farm() -> Iterator[str]:
         port = json.loads(farm.stdout.readline())["port"]
         yield f"http://127.0.0.1:{port}"
     finally:
-        farm.terminate()
-        farm.wait(timeout=30)
+        stop(farm)
 
 
 def farm_call(farm: str, path: str, body: dict[str, str] | None = None) -> dict[str, Any]:
@@ -134,12 +134,7 @@ def running_operator(
     try:
         yield psutil.Process(operator.pid)
     finally:
-        operator.terminate()
-        try:
-            operator.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            operator.kill()
-            operator.wait()
+        stop(operator)
 
 
 def ready_pools(custom: kubernetes.client.CustomObjectsApi) -> set[str]:

@@ -18,6 +18,7 @@ import pytest
 import yaml
 from controlplane import REPO_ROOT, ControlPlane, KubectlError
 from gymkube_dev.ports import free_port
+from gymkube_dev.processes import stop
 from gymkube_operator.envpool.builders import build_children, owner, parse_spec
 from gymkube_operator.settings import OperatorSettings
 
@@ -486,12 +487,7 @@ def test_operator_rbac(
         wait_for("the pool's children and status", children_and_status, log_path)
         kube.kubectl("delete", ns, "envpool/lake", f"--timeout={TIMEOUT_S}s")
     finally:
-        operator.terminate()
-        try:
-            operator.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            operator.kill()
-            operator.wait()
+        stop(operator)
     log_text = log_path.read_text(errors="replace")
     # In cluster mode the operator also sees other tests' namespaces; writes into one that is
     # being deleted are refused for that reason (NamespaceTerminating), not for RBAC. A 403 after
