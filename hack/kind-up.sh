@@ -21,12 +21,11 @@ else
 		die "no node image: kindest/node cannot be pulled here (no registry); build one with \`make kind-node-image\`"
 	log "creating kind cluster $KIND_NAME from $image"
 	config=$(mktemp)
-	trap 'rm -f "$config"' EXIT
+	out=$(mktemp)
+	trap 'rm -f "$config" "$out"' EXIT
 	kind_cluster_config "$image" >"$config"
 	# kind gives the node's systemd a fixed 30 s to boot; on a loaded machine it can take longer,
 	# and kind then deletes the node. Boot failures are retried; any other failure is not.
-	out=$(mktemp)
-	trap 'rm -f "$config" "$out"' EXIT
 	for attempt in 1 2 3; do
 		if "$kind" create cluster --name "$KIND_NAME" --image "$image" --config "$config" \
 			--kubeconfig "$KIND_KUBECONFIG" --wait 180s 2>&1 | tee "$out" >&2; then
