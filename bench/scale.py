@@ -33,13 +33,14 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import kubernetes
+import kubernetes.watch
 import psutil
 from gymkube_dev.processes import stop
 
@@ -50,6 +51,7 @@ from controlplane import ControlPlane, running_control_plane  # noqa: E402
 from gymkube_operator.crds.catalog import package_file  # noqa: E402
 from gymkube_operator.envpool.models import WatchdogSpec  # noqa: E402
 from gymkube_operator.envpool.resource import ENVPOOL  # noqa: E402
+from measure import percentile  # noqa: E402
 from operator_scale import PeakRss  # noqa: E402
 from scale_harness import CONTROLLER_MANAGER_SCALE_ARGS, running_kwok  # noqa: E402
 
@@ -59,6 +61,15 @@ OPERATOR_USER = "gymkube-bench-operator"
 PODS_PER_NODE = 1000
 # On a busy 2-core machine 1,000 pools take many minutes: steady state is measured only after.
 READY_TIMEOUT_SECONDS = 1800.0
+PROGRESS_SECONDS = 15.0
+CONTROL_PLANE_PROCESSES = {
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+}
+CPUS = os.cpu_count() or 1
 # A ClusterIP for each pool's Service: the integration fixture's /24 holds 254.
 SERVICE_CIDR = "10.0.0.0/16"
 WATCHDOG = WatchdogSpec()
@@ -117,7 +128,7 @@ def farm_call(farm: str, path: str, body: dict[str, str] | None = None) -> dict[
 
 @contextlib.contextmanager
 def running_operator(
-    kube: ControlPlane, farm: str, operator_bin: Path, log_path: Path
+    kube: ControlPlane, farm: str, operator_bin: Path, log_path: Path, settings: dict[str, str]
 ) -> Iterator[psutil.Process]:
     """gymkube-operator as its own API user (so the audit log tells its requests apart)."""
     env = kube.env()
@@ -126,6 +137,7 @@ def running_operator(
         GYMKUBE_NAMESPACES=NAMESPACE,
         GYMKUBE_LIVENESS_PORT="0",
         GYMKUBE_PROBE_ADDRESS_TEMPLATE=f"{farm}/{{namespace}}/{{name}}/{{uid}}",
+        **settings,
     )
     with log_path.open("wb") as log:
         operator = subprocess.Popen(
@@ -137,20 +149,19 @@ def running_operator(
         stop(operator)
 
 
-def ready_pools(custom: kubernetes.client.CustomObjectsApi) -> set[str]:
-    pools = custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)["items"]
-    return {
-        p["metadata"]["name"]
-        for p in pools
-        if any(
-            c["type"] == "Ready" and c["status"] == "True"
-            for c in p.get("status", {}).get("conditions", [])
-        )
-    }
+def is_ready(pool: dict[str, Any]) -> bool:
+    return any(
+        c["type"] == "Ready" and c["status"] == "True"
+        for c in pool.get("status", {}).get("conditions", [])
+    )
 
 
 def apply_and_wait_ready(
-    custom: kubernetes.client.CustomObjectsApi, pools: int, replicas: int, timeout: float
+    custom: kubernetes.client.CustomObjectsApi,
+    operator: psutil.Process,
+    pools: int,
+    replicas: int,
+    timeout: float,
 ) -> dict[str, Any]:
     names = [f"pool-{i:04d}" for i in range(pools)]
     started = time.monotonic()
@@ -164,16 +175,61 @@ def apply_and_wait_ready(
             )
         )
     applied_s = time.monotonic() - started
-    ready: set[str] = set()
-    while len(ready) < pools and time.monotonic() - started < timeout:
-        time.sleep(1.0)
-        ready = ready_pools(custom)
-    all_ready = time.monotonic() - started if len(ready) == pools else None
+    # Ready pools and the operator's CPU seconds every PROGRESS_SECONDS, also shown on stderr.
+    timeline: list[tuple[float, int, float]] = []
+
+    def progress(ready: int) -> None:
+        elapsed = time.monotonic() - started
+        if timeline and elapsed - timeline[-1][0] < PROGRESS_SECONDS and ready < pools:
+            return
+        cpu = operator.cpu_times()
+        timeline.append((round(elapsed, 1), ready, round(cpu.user + cpu.system, 1)))
+        print(
+            f"scale: {ready}/{pools} pools Ready after {elapsed:.0f} s "
+            f"(operator CPU {timeline[-1][2]} s, load {os.getloadavg()[0]:.1f})",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    ready = watch_ready(custom, pools, started + timeout, progress)
+    all_ready = time.monotonic() - started if ready == pools else None
     return {
         "apply_seconds": round(applied_s, 2),
         "all_ready_seconds": None if all_ready is None else round(all_ready, 2),
-        "ready_pools": len(ready),
+        "ready_pools": ready,
+        "ready_timeline_seconds_pools_operator_cpu": timeline,
     }
+
+
+def watch_ready(
+    custom: kubernetes.client.CustomObjectsApi,
+    pools: int,
+    deadline: float,
+    progress: Callable[[int], None],
+) -> int:
+    """Ready pools once all are or at the deadline. Watched, not polled: listing 1,000 pools
+    every second would load the API server the ramp is measuring."""
+    ready: dict[str, bool] = {}
+    while sum(ready.values()) < pools and time.monotonic() < deadline:
+        listing = custom.list_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL)
+        ready = {p["metadata"]["name"]: is_ready(p) for p in listing["items"]}
+        progress(sum(ready.values()))
+        stream = kubernetes.watch.Watch().stream(
+            custom.list_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            NAMESPACE,
+            PLURAL,
+            resource_version=listing["metadata"]["resourceVersion"],
+            timeout_seconds=max(1, min(30, int(deadline - time.monotonic()))),
+        )
+        with contextlib.suppress(kubernetes.client.ApiException):  # expired: list again
+            for event in stream:
+                ready[event["object"]["metadata"]["name"]] = is_ready(event["object"])
+                progress(sum(ready.values()))
+                if sum(ready.values()) == pools:
+                    break
+    return sum(ready.values())
 
 
 @dataclass
@@ -194,20 +250,73 @@ def sample(operator: psutil.Process, farm: str) -> Sample:
     )
 
 
-def audit_counts(log: Path, since: float, until: float) -> collections.Counter[str]:
-    """The operator's requests received in [since, until), by verb and resource."""
-    counts: collections.Counter[str] = collections.Counter()
+@dataclass
+class Request:
+    """One request of the operator's, from the audit log."""
+
+    kind: str  # verb and resource, e.g. "patch statefulsets", "patch envpools/status"
+    received: float
+    seconds: float  # until the response was complete
+
+
+def audit_requests(log: Path, since: float, until: float) -> list[Request]:
+    """The operator's requests received in [since, until)."""
+    requests = []
     for line in log.read_text().splitlines():
         event = json.loads(line)
         at = datetime.datetime.fromisoformat(event["requestReceivedTimestamp"]).timestamp()
         if not since <= at < until:
             continue
+        done = datetime.datetime.fromisoformat(event["stageTimestamp"]).timestamp()
         ref = event.get("objectRef", {})
         resource = ref.get("resource", "?") + (
             f"/{ref['subresource']}" if "subresource" in ref else ""
         )
-        counts[f"{event['verb']} {resource}"] += 1
-    return counts
+        requests.append(Request(f"{event['verb']} {resource}", at, done - at))
+    return requests
+
+
+def audit_counts(log: Path, since: float, until: float) -> collections.Counter[str]:
+    """The operator's requests received in [since, until), by verb and resource."""
+    return collections.Counter(r.kind for r in audit_requests(log, since, until))
+
+
+def ramp_requests(log: Path, since: float, until: float) -> dict[str, Any]:
+    """What the operator asked of the API server while the pools came up: how many requests of
+    each kind, when it had applied the last StatefulSet, and how long its applies took."""
+    requests = audit_requests(log, since, until)
+    applies = [r for r in requests if r.kind.startswith("patch ") and "/" not in r.kind]
+    last_statefulset = max(
+        (r.received for r in requests if r.kind == "patch statefulsets"), default=since
+    )
+    apply_ms = [1000 * r.seconds for r in applies]
+    return {
+        "api_requests_until_ready": len(requests),
+        "api_requests_until_ready_by_kind": dict(
+            collections.Counter(r.kind for r in requests).most_common()
+        ),
+        "children_applied_seconds": round(last_statefulset - since, 1),
+        "apply_ms_p50": round(percentile(apply_ms, 50), 1) if apply_ms else None,
+        "apply_ms_p90": round(percentile(apply_ms, 90), 1) if apply_ms else None,
+    }
+
+
+def cpu_seconds(processes: list[psutil.Process]) -> float:
+    total = 0.0
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            times = process.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+def control_plane_processes() -> list[psutil.Process]:
+    """This bench's etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok."""
+    return [
+        child
+        for child in psutil.Process().children(recursive=True)
+        if child.name() in CONTROL_PLANE_PROCESSES
+    ]
 
 
 def steady_state(
@@ -263,7 +372,9 @@ def frozen_pod(
             ready = any(
                 c.type == "Ready" and c.status == "True" for c in pod.status.conditions or []
             )
-            if ready and pool in ready_pools(custom):
+            if ready and is_ready(
+                custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, pool)
+            ):
                 replaced = time.monotonic() - started
     bound = WATCHDOG.failure_threshold * WATCHDOG.probe_period_seconds
     restarts = custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, pool)
@@ -288,7 +399,23 @@ def audit_log() -> Iterator[tuple[list[str], Path]]:
         yield [*flags, "--audit-log-format=json"], log
 
 
-def run_size(pools: int, replicas: int, steady: float, operator_bin: Path) -> dict[str, Any]:
+def ramp_cpu(
+    control_plane: list[psutil.Process], operator: psutil.Process, before: tuple[float, float]
+) -> dict[str, float]:
+    """CPU seconds the control plane (with kwok) and the operator spent while the pools came
+    up, and the shortest ramp those seconds allow on this machine's cores."""
+    control_plane_s = cpu_seconds(control_plane) - before[0]
+    operator_s = cpu_seconds([operator]) - before[1]
+    return {
+        "control_plane": round(control_plane_s, 1),
+        "operator": round(operator_s, 1),
+        "floor_seconds_on_these_cpus": round((control_plane_s + operator_s) / CPUS, 1),
+    }
+
+
+def run_size(
+    pools: int, replicas: int, steady: float, operator_bin: Path, settings: dict[str, str]
+) -> dict[str, Any]:
     pods = pools * replicas
     nodes = math.ceil(pools * (replicas + 1) / PODS_PER_NODE) + 1
     with contextlib.ExitStack() as stack:
@@ -305,16 +432,21 @@ def run_size(pools: int, replicas: int, steady: float, operator_bin: Path) -> di
         kube.kubectl("wait", "--for=condition=Established", f"crd/{ENVPOOL.name}")
         kube.kubectl("create", "namespace", NAMESPACE)
         log_path = kube.workdir / "operator.log"
-        operator = stack.enter_context(running_operator(kube, farm, operator_bin, log_path))
+        operator = stack.enter_context(
+            running_operator(kube, farm, operator_bin, log_path, settings)
+        )
         client = stack.enter_context(kube.api_client())
         rss = PeakRss(operator.pid)
         custom = kubernetes.client.CustomObjectsApi(client)
         core = kubernetes.client.CoreV1Api(client)
+        control_plane = control_plane_processes()
+        cpu_before = cpu_seconds(control_plane), cpu_seconds([operator])
         applied_at = time.time()
-        ramp = apply_and_wait_ready(custom, pools, replicas, timeout=READY_TIMEOUT_SECONDS)
-        ramp["api_requests_until_ready"] = sum(
-            audit_counts(audit, applied_at, time.time()).values()
+        ramp = apply_and_wait_ready(
+            custom, operator, pools, replicas, timeout=READY_TIMEOUT_SECONDS
         )
+        ramp.update(ramp_requests(audit, applied_at, time.time()))
+        ramp["ramp_cpu_seconds"] = ramp_cpu(control_plane, operator, cpu_before)
         time.sleep(2 * WATCHDOG.probe_period_seconds)  # the last Ready writes land
         steady_figures = steady_state(operator, farm, audit, pods, steady)
         frozen = frozen_pod(core, custom, farm, f"pool-{pools // 2:04d}", timeout=120)
@@ -331,6 +463,7 @@ def run_size(pools: int, replicas: int, steady: float, operator_bin: Path) -> di
         "steady_state": steady_figures,
         "frozen_pod": frozen,
         "operator_peak_rss_mb": round(peak, 1),
+        "operator_settings": settings,
         "operator_errors": errors[-5:],
     }
 
@@ -346,13 +479,21 @@ def main() -> None:
         default=Path(sys.executable).parent / "gymkube-operator",
         help="the gymkube-operator executable to run",
     )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="GYMKUBE_NAME=VALUE",
+        help="an operator setting for the run (e.g. GYMKUBE_APPLY_CONCURRENCY=24); repeatable",
+    )
     options = parser.parse_args()
     # Stopped from outside, still stop the operator and the farm and remove the control plane.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    settings = dict(item.split("=", 1) for item in options.set)
     results = []
     for pools in options.pools:
         load_before = os.getloadavg()
-        result = run_size(pools, options.replicas, options.steady, options.operator)
+        result = run_size(pools, options.replicas, options.steady, options.operator, settings)
         result["load_average_before"] = [round(x, 2) for x in load_before]
         result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
         results.append(result)

@@ -20,7 +20,7 @@ POOLS, REPLICAS = 20, 5
 
 def test_twenty_pools_come_up_stay_quiet_and_lose_a_frozen_pod() -> None:
     operator = Path(sys.executable).parent / "gymkube-operator"
-    result = scale.run_size(POOLS, REPLICAS, steady=5.0, operator_bin=operator)
+    result = scale.run_size(POOLS, REPLICAS, steady=5.0, operator_bin=operator, settings={})
 
     assert result["ready_pools"] == POOLS, result
     steady = result["steady_state"]
