@@ -342,8 +342,9 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     the pool and its children only wake it."""
     pools = Pools()
 
+    # Async, so it runs on the event loop (see trainingrun.handlers._register_wakers).
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
-    def envpool_changed(namespace: str | None, name: str, **_: Any) -> None:
+    async def envpool_changed(namespace: str | None, name: str, **_: Any) -> None:
         pools.wake((namespaced(namespace), name))
 
     _register_indexes(registry, pools.keyed)
