@@ -1,7 +1,9 @@
 """Operator settings come from GYMKUBE_* variables, with clear refusals."""
 
+import logging
+
 import pytest
-from gymkube_operator.main import kopf_settings
+from gymkube_operator.main import QuietWakers, build_registry, kopf_settings
 from gymkube_operator.runtime import Runtime
 from gymkube_operator.settings import OperatorSettings
 from pydantic import ValidationError
@@ -66,3 +68,20 @@ def test_a_probe_address_template_with_an_unknown_field_is_refused(
     monkeypatch.setenv("GYMKUBE_PROBE_ADDRESS_TEMPLATE", "http://{pod}:{port}")
     with pytest.raises(ValidationError, match=r"not a template of \{pod_ip\}, \{port\}"):
         OperatorSettings()
+
+
+def test_the_log_drops_only_the_success_lines_of_the_handlers_that_wake_a_daemon() -> None:
+    registry = build_registry(Runtime(settings=OperatorSettings()))
+    # Every on.event handler the operator registers only wakes a daemon: each is silenced.
+    event_handlers = {str(h) for h in registry._watching.get_all_handlers()}
+    assert event_handlers
+    assert event_handlers <= {line.removesuffix(" succeeded.") for line in QuietWakers.SILENT}
+
+    def kept(message: str) -> bool:
+        record = logging.LogRecord("kopf.objects", logging.INFO, __file__, 1, message, None, None)
+        return QuietWakers().filter(record)
+
+    assert not kept("Handler 'envpool_changed' succeeded.")
+    assert not kept("Handler 'trainingrun_pool_changed' succeeded.")
+    assert kept("Handler 'envpool_changed' failed with an exception. Will retry.")
+    assert kept("Daemon 'envpool_watchdog' succeeded.")

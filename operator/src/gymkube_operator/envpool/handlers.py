@@ -35,6 +35,8 @@ STATEFULSETS_INDEX, ROUTERS_INDEX, PODS_INDEX = (
     "envpool_pods",
 )
 INDEX_IDS = (STATEFULSETS_INDEX, ROUTERS_INDEX, PODS_INDEX)
+# The event handler that only wakes a pool's daemon (main.QuietWakers keeps its log lines out).
+POOL_WAKER = "envpool_changed"
 Keyed = Callable[[str | None, kopf.Labels, Object], dict[PoolKey, Object]]
 # The status fields of a StatefulSet or Deployment the pool status reads; indexes keep only these
 # (and only what the watchdog reads of pods, envpool.pods.slim_pod) to bound the operator's memory.
@@ -343,7 +345,7 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     pools = Pools()
 
     # Async, so it runs on the event loop (see trainingrun.handlers._register_wakers).
-    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    @kopf.on.event(GROUP, VERSION, PLURAL, id=POOL_WAKER, registry=registry)
     async def envpool_changed(namespace: str | None, name: str, **_: Any) -> None:
         pools.wake((namespaced(namespace), name))
 

@@ -223,23 +223,29 @@ class Runs:
                 self.wake(key)
 
 
+# The event handlers that only wake a run's daemon (main.QuietWakers keeps its log lines out).
+RUN_WAKERS = ("trainingrun_changed", "trainingrun_child_changed", "trainingrun_pool_changed")
+
+
 def _register_wakers(registry: kopf.OperatorRegistry, runs: Runs) -> None:
     # Async, so they run on the event loop: kopf runs a plain function in a worker thread, and an
     # asyncio.Event set from there wakes its waiter late or not at all (not thread-safe).
     run_children = {RUN_LABEL: kopf.PRESENT}
 
-    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    @kopf.on.event(GROUP, VERSION, PLURAL, id=RUN_WAKERS[0], registry=registry)
     async def trainingrun_changed(namespace: str | None, name: str, **_: Any) -> None:
         runs.wake((namespaced(namespace), name))
 
-    @kopf.on.event("batch", "v1", "jobs", labels=run_children, registry=registry)
-    @kopf.on.event("ray.io", "v1", "rayjobs", labels=run_children, registry=registry)
+    @kopf.on.event("batch", "v1", "jobs", labels=run_children, id=RUN_WAKERS[1], registry=registry)
+    @kopf.on.event(
+        "ray.io", "v1", "rayjobs", labels=run_children, id=RUN_WAKERS[1], registry=registry
+    )
     async def trainingrun_child_changed(
         namespace: str | None, labels: kopf.Labels, **_: Any
     ) -> None:
         runs.wake((namespaced(namespace), labels[RUN_LABEL]))
 
-    @kopf.on.event(GROUP, VERSION, "envpools", registry=registry)
+    @kopf.on.event(GROUP, VERSION, "envpools", id=RUN_WAKERS[2], registry=registry)
     async def trainingrun_pool_changed(namespace: str | None, name: str, **_: Any) -> None:
         runs.wake_runs_on(namespace, name)
 
