@@ -5,7 +5,9 @@ and kwok from tests/integration/scale_harness.py: fake nodes, pods marked Runnin
 runs `gymkube-operator` as a process whose watchdog probes bench/scale_farm.py (one loopback
 process answering /status for every pod, via settings.probe_address_template). Prints JSON:
 
-- seconds from applying all pools to all Ready;
+- seconds from applying all pools to all Ready (progress on stderr), the CPU-seconds the control
+  plane and the operator spent meanwhile (and the shortest ramp those allow on this machine's
+  cores), when the operator applied its last child and how long its applies took;
 - operator RSS (peak and steady) and CPU at steady state;
 - watchdog probes/s the farm answered vs pods / probePeriodSeconds;
 - API requests/s the operator makes at steady state, and its status writes/s (counted from the
@@ -13,6 +15,7 @@ process answering /status for every pod, via settings.probe_address_template). P
 - seconds to detect (delete) and replace a frozen pod, against failureThreshold x period + 5 s.
 
     .venv/bin/python bench/scale.py [--pools 100 1000] [--replicas 10] [--steady 30]
+                                    [--set GYMKUBE_APPLY_CONCURRENCY=24 ...]
 
 Every process shares this machine's CPUs (the API server, etcd, kwok, the farm and the
 operator): the JSON records the load average so a run on a busy machine reads as one.
