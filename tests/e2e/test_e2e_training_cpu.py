@@ -4,6 +4,7 @@ with rewards that are the env servers' own scores, resumes from its checkpoint w
 a wrong model path fails with the trainer's reason in the run's status."""
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -75,36 +76,59 @@ def _cpu_run(name: str, steps: int, checkpoints: dict[str, Any], model: str = MO
     }
 
 
-def _checkpoint_volume(operator: Cluster, settings: E2ESettings, namespace: str) -> Any:
-    """A node directory the trainer (uid 10001) can write and that outlives its pods."""
-    volume = {"hostPath": {"path": f"/tmp/gymkube-e2e/{namespace}", "type": "DirectoryOrCreate"}}
+# On the node, under /tmp: the local cluster's node is this machine, so the fixture removes it.
+NODE_DIR = "/tmp/gymkube-e2e"
+
+
+def _run_on_node(
+    operator: Cluster, settings: E2ESettings, namespace: str, name: str, command: str
+) -> None:
+    """Run a shell command as root in a pod with the node's NODE_DIR at /e2e, to its end."""
+    volume = {"hostPath": {"path": NODE_DIR, "type": "DirectoryOrCreate"}}
     operator.create(
         api_path("v1", "pods", namespace),
         {
-            "metadata": {"name": "checkpoints-dir"},
+            "metadata": {"name": name},
             "spec": {
                 "restartPolicy": "Never",
                 "containers": [
                     {
-                        "name": "chmod",
+                        "name": name,
                         "image": settings.preflight_image,
                         "imagePullPolicy": settings.image_pull_policy,
-                        "command": ["sh", "-c", "chmod 0777 /checkpoints"],
+                        "command": ["sh", "-c", command],
                         "securityContext": {"runAsUser": 0},
-                        "volumeMounts": [{"name": "checkpoints", "mountPath": "/checkpoints"}],
+                        "volumeMounts": [{"name": "e2e", "mountPath": "/e2e"}],
                     }
                 ],
-                "volumes": [{"name": "checkpoints", **volume}],
+                "volumes": [{"name": "e2e", **volume}],
             },
         },
     )
 
     def done() -> bool:
-        pod = operator.get(api_path("v1", "pods", namespace, "checkpoints-dir")) or {}
+        pod = operator.get(api_path("v1", "pods", namespace, name)) or {}
         return (pod.get("status") or {}).get("phase") == "Succeeded"
 
-    wait_until(done, timeout=120, what="the checkpoints directory to be made writable")
-    return volume
+    wait_until(done, timeout=120, what=f"pod {name} to finish `{command}`")
+
+
+@pytest.fixture
+def checkpoints(
+    operator: Cluster, settings: E2ESettings, namespace: str
+) -> Iterator[dict[str, Any]]:
+    """A node directory the trainer (uid 10001) can write and that outlives its pods; removed
+    afterwards (each run leaves about 3 GB of checkpoints)."""
+    directory = f"/e2e/{namespace}"
+    _run_on_node(
+        operator,
+        settings,
+        namespace,
+        "checkpoints-dir",
+        f"mkdir -p {directory} && chmod 0777 {directory}",
+    )
+    yield {"hostPath": {"path": f"{NODE_DIR}/{namespace}", "type": "Directory"}}
+    _run_on_node(operator, settings, namespace, "checkpoints-gone", f"rm -rf {directory}")
 
 
 def _finished(operator: Cluster, namespace: str, name: str) -> dict[str, Any]:
@@ -154,11 +178,10 @@ def _pool_episodes(operator: Cluster, namespace: str) -> tuple[float, float]:
 
 
 def test_a_cpu_run_trains_with_the_pools_scores_and_resumes_from_its_checkpoint(
-    operator: Cluster, settings: E2ESettings, namespace: str
+    operator: Cluster, namespace: str, checkpoints: dict[str, Any]
 ) -> None:
     operator.create(gymkube_path("envpools", namespace), _pool())
     operator.wait_pool_ready(namespace, "lake")
-    checkpoints = _checkpoint_volume(operator, settings, namespace)
 
     operator.create(gymkube_path("trainingruns", namespace), _cpu_run("lake-grpo", 1, checkpoints))
     run = _finished(operator, namespace, "lake-grpo")
