@@ -243,6 +243,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     metrics_file: Path = args.metrics_file or Path(f"/tmp/gymkube-train-{os.getpid()}.jsonl")
     metrics_file.unlink(missing_ok=True)
+    try:
+        return _supervise(args, metrics_file)
+    finally:
+        if args.metrics_file is None:  # the wrapper's own scratch file (outside a pod, /tmp stays)
+            metrics_file.unlink(missing_ok=True)
+
+
+def _supervise(args: argparse.Namespace, metrics_file: Path) -> int:
+    """Run the trainer, turning its metrics into progress lines, until it exits."""
     reporter = Reporter(sys.stdout, args.checkpoint_dir, metrics_file)
     child = subprocess.Popen(
         args.command,

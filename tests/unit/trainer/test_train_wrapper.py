@@ -104,13 +104,16 @@ def test_a_run_prints_progress_per_step_with_total_and_checkpoint(tmp_path: Path
             record["step"] = step
             with open(METRICS, "a") as out:
                 out.write(json.dumps(record) + "\\n")
-        print("done", flush=True)
+        print("done", METRICS, flush=True)
         """,
     )
     done = run_wrapper(
         tmp_path, "--checkpoint-dir", str(checkpoints), "--poll-seconds", "0.1", "--", *trainer
     )
     assert done.returncode == 0, done.stderr
+    # The metrics file the wrapper picked for itself is gone afterwards.
+    (metrics,) = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("done ")]
+    assert not Path(metrics).exists()
     lines = progress_lines(done.stdout)
     assert [line["step"] for line in lines] == [1, 2]
     assert all(line["totalSteps"] == 2 for line in lines)
