@@ -21,7 +21,6 @@ ARG CPU_BASE_IMAGE=gymkube/base-cpu:bookworm
 FROM ${CPU_BASE_IMAGE} AS trainer-cpu
 ARG WHEELS_URL
 ARG LOCK_HASH
-ARG GYMKUBE_WHEEL_HASH
 RUN useradd --uid 10001 --user-group --create-home --shell /usr/sbin/nologin gymkube
 # The lock exactly (its torch override included): --no-deps installs it without resolving. A pip
 # of its own installs it and is removed again. On CPU, torch never opens cuDNN's engine
@@ -40,6 +39,9 @@ RUN echo "trainer-cpu.lock ${LOCK_HASH}" \
 tarfile.open(fileobj=urllib.request.urlopen(sys.argv[1]), mode='r|').extractall(sys.argv[2])" \
         "${WHEELS_URL}/locked/models.tar" /models \
     && rm -rf /opt/pip
+# Declared here, not above: every RUN after an ARG depends on its value, and the agent loop's
+# wheel changes far more often than the lock.
+ARG GYMKUBE_WHEEL_HASH
 RUN echo "gymkube-agentloop ${GYMKUBE_WHEEL_HASH}" \
     && python3 -m venv /opt/pip \
     && /opt/pip/bin/pip --python /opt/gymkube/bin/python install --no-index --no-cache-dir \
