@@ -54,7 +54,7 @@ from controlplane import ControlPlane, running_control_plane  # noqa: E402
 from gymkube_operator.crds.catalog import package_file  # noqa: E402
 from gymkube_operator.envpool.models import WatchdogSpec  # noqa: E402
 from gymkube_operator.envpool.resource import ENVPOOL  # noqa: E402
-from measure import percentile  # noqa: E402
+from measure import cpu_seconds, percentile  # noqa: E402
 from operator_scale import PeakRss  # noqa: E402
 from scale_harness import CONTROLLER_MANAGER_SCALE_ARGS, running_kwok  # noqa: E402
 
@@ -185,8 +185,7 @@ def apply_and_wait_ready(
         elapsed = time.monotonic() - started
         if timeline and elapsed - timeline[-1][0] < PROGRESS_SECONDS and ready < pools:
             return
-        cpu = operator.cpu_times()
-        timeline.append((round(elapsed, 1), ready, round(cpu.user + cpu.system, 1)))
+        timeline.append((round(elapsed, 1), ready, round(cpu_seconds(operator.pid), 1)))
         print(
             f"scale: {ready}/{pools} pools Ready after {elapsed:.0f} s "
             f"(operator CPU {timeline[-1][2]} s, load {os.getloadavg()[0]:.1f})",
@@ -244,10 +243,9 @@ class Sample:
 
 
 def sample(operator: psutil.Process, farm: str) -> Sample:
-    cpu = operator.cpu_times()
     return Sample(
         at=time.time(),
-        cpu_seconds=cpu.user + cpu.system,
+        cpu_seconds=cpu_seconds(operator.pid),
         rss_mb=operator.memory_info().rss / 2**20,
         probes=farm_call(farm, "/farm/stats")["probes"],
     )
@@ -304,19 +302,10 @@ def ramp_requests(log: Path, since: float, until: float) -> dict[str, Any]:
     }
 
 
-def cpu_seconds(processes: list[psutil.Process]) -> float:
-    total = 0.0
-    for process in processes:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            times = process.cpu_times()
-            total += times.user + times.system
-    return total
-
-
-def control_plane_processes() -> list[psutil.Process]:
+def control_plane_pids() -> list[int]:
     """This bench's etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok."""
     return [
-        child
+        child.pid
         for child in psutil.Process().children(recursive=True)
         if child.name() in CONTROL_PLANE_PROCESSES
     ]
@@ -403,12 +392,12 @@ def audit_log() -> Iterator[tuple[list[str], Path]]:
 
 
 def ramp_cpu(
-    control_plane: list[psutil.Process], operator: psutil.Process, before: tuple[float, float]
+    control_plane: list[int], operator: psutil.Process, before: tuple[float, float]
 ) -> dict[str, float]:
     """CPU seconds the control plane (with kwok) and the operator spent while the pools came
     up, and the shortest ramp those seconds allow on this machine's cores."""
-    control_plane_s = cpu_seconds(control_plane) - before[0]
-    operator_s = cpu_seconds([operator]) - before[1]
+    control_plane_s = sum(map(cpu_seconds, control_plane)) - before[0]
+    operator_s = cpu_seconds(operator.pid) - before[1]
     return {
         "control_plane": round(control_plane_s, 1),
         "operator": round(operator_s, 1),
@@ -442,8 +431,8 @@ def run_size(
         rss = PeakRss(operator.pid)
         custom = kubernetes.client.CustomObjectsApi(client)
         core = kubernetes.client.CoreV1Api(client)
-        control_plane = control_plane_processes()
-        cpu_before = cpu_seconds(control_plane), cpu_seconds([operator])
+        control_plane = control_plane_pids()
+        cpu_before = sum(map(cpu_seconds, control_plane)), cpu_seconds(operator.pid)
         applied_at = time.time()
         ramp = apply_and_wait_ready(
             custom, operator, pools, replicas, timeout=READY_TIMEOUT_SECONDS
@@ -492,6 +481,8 @@ def main() -> None:
     options = parser.parse_args()
     # Stopped from outside, still stop the operator and the farm and remove the control plane.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if bad := [item for item in options.set if "=" not in item]:
+        parser.error(f"--set takes NAME=VALUE, not {bad[0]!r}")
     settings = dict(item.split("=", 1) for item in options.set)
     results = []
     for pools in options.pools:

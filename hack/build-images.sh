@@ -112,7 +112,6 @@ build_locked_wheels() { # $1: wheel set
 	mkdir -p "$dir"
 	ln -s "$cached" "$dir/locked"
 	# The agent loop apart from the locked set: its layer changes without theirs.
-	rm -rf "$dir/gymkube"
 	(cd "$REPO_ROOT" && "$PY" -m pip wheel --quiet --disable-pip-version-check --no-deps \
 		--wheel-dir "$dir/gymkube" ./agentloop)
 }
