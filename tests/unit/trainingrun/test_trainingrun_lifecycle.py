@@ -226,6 +226,15 @@ def test_a_trainer_that_finished_is_running_until_the_job_is_complete() -> None:
     assert condition(plan, "Succeeded") == ("False", "Running")
 
 
+def test_a_trainer_pod_that_succeeded_is_running_before_the_job_counts_it() -> None:
+    # The Job controller counts a finished pod a moment after the pod itself says Succeeded.
+    counting = job("grpo-train", active=1, ready=0)
+    pod = {"metadata": {"name": "grpo-train-x"}, "status": {"phase": "Succeeded"}}
+    plan = step(Observed(pool=pool(), training=counting, trainer_pod=pod), started())
+    assert plan.status.phase == Phase.RUNNING
+    assert condition(plan, "Running") == ("True", "TrainingRunning")
+
+
 def test_failed_job_fails_the_run_with_the_jobs_reason() -> None:
     failed = job("grpo-train", ("Failed", "BackoffLimitExceeded"))
     plan = step(Observed(pool=pool(), training=failed), started())

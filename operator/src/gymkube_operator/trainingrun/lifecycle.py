@@ -141,10 +141,16 @@ def _job_outcome(job: Object, spec: TrainingRunSpec, pod: Object | None) -> _Out
     if render.child_suspended(job) or true_condition(job, "Suspended") is not None:
         return _suspended(spec, f"Job {name}")
     # `active` counts pending pods too; a trainer is running once its pod is ready. A trainer that
-    # exited 0 stays Running until the Job controller marks the Job Complete, not Starting again.
+    # exited 0 stays Running until the Job controller marks the Job Complete, not Starting again:
+    # its pod says so first, then the Job's counts and conditions.
     if status.get("ready", 0) > 0:
         return _Outcome(Phase.RUNNING, Reason.TRAINING_RUNNING, f"Job {name} is running", start)
-    if status.get("succeeded", 0) > 0 or true_condition(job, "SuccessCriteriaMet") is not None:
+    pod_succeeded = ((pod or {}).get("status") or {}).get("phase") == "Succeeded"
+    if (
+        pod_succeeded
+        or status.get("succeeded", 0) > 0
+        or true_condition(job, "SuccessCriteriaMet") is not None
+    ):
         message = f"Job {name}'s trainer finished; the Job is completing"
         return _Outcome(Phase.RUNNING, Reason.TRAINING_RUNNING, message, start)
     return _Outcome(Phase.STARTING, Reason.TRAINING_STARTING, f"Job {name} is starting its pod")
