@@ -31,6 +31,9 @@ class Proc:
     launcher: list[str] = field(default_factory=lambda: ["-m"])
     popen: subprocess.Popen[bytes] | None = None
     log: IO[bytes] | None = None
+    # A router is ready for a test once it has polled every backend it was given as ready:
+    # its /readyz answers as soon as one is, and sessions opened then all land on that one.
+    backends: int = 0
 
     @property
     def url(self) -> str:
@@ -65,10 +68,19 @@ class Proc:
             if self.popen.poll() is not None:
                 pytest.fail(f"{self.name} exited with {self.popen.returncode}:\n{self.output()}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + path, timeout=1.0).status_code == 200:
+                if httpx.get(self.url + path, timeout=1.0).status_code == 200 and (
+                    self.backends_ready() >= self.backends
+                ):
                     return
             time.sleep(0.05)
         pytest.fail(f"{self.name} not ready after {STARTUP_TIMEOUT}s:\n{self.output()}")
+
+    def backends_ready(self) -> int:
+        """How many backends a router takes sessions on (0 for an env server)."""
+        if not self.backends:
+            return 0
+        ready: int = httpx.get(self.url + "/status", timeout=1.0).json()["backends_ready"]
+        return ready
 
     def signal(self, signum: signal.Signals) -> None:
         assert self.popen is not None
@@ -120,7 +132,9 @@ class Procs:
         self, backends: list[Proc], *args: str, port: int | None = None, fast_polling: bool = True
     ) -> Proc:
         addresses = ",".join(b.address for b in backends)
-        return self.router("--backends", addresses, *args, port=port, fast_polling=fast_polling)
+        proc = self.router("--backends", addresses, *args, port=port, fast_polling=fast_polling)
+        proc.backends = len(backends)
+        return proc
 
     def start(self, proc: Proc) -> Proc:
         self._started.append(proc.start())

@@ -8,8 +8,10 @@ import sys
 
 import pytest
 from gymkube_envserver.router.bodies import swap_id
-from gymkube_envserver.router.pool import Backend, address_token, token_address
+from gymkube_envserver.router.pool import Backend, Pool, address_token, token_address
 from gymkube_envserver.router.settings import RouterSettings
+from gymkube_envserver.router.upstream import Reply
+from gymkube_envserver.wire import CanaryStatus, StatusResponse
 from pydantic import ValidationError
 
 pytestmark = pytest.mark.unit
@@ -80,3 +82,48 @@ def test_cli_explains_bad_flags_without_a_traceback() -> None:
     assert result.returncode == 2
     assert "expected host:port, got 'nowhere'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+class _ServerCounting:
+    """Answers /status polls with however many sessions the env server has counted so far."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.active = 0
+
+    async def call(self, host: str, port: int, request: bytes, fresh: bool = False) -> Reply:
+        status = StatusResponse(
+            env="frozen_lake",
+            active=self.active,
+            capacity=self.capacity,
+            warm=1,
+            warm_target=1,
+            draining=False,
+            served=self.active,
+            ready=True,
+            canary=CanaryStatus(),
+        )
+        return Reply(200, status.model_dump_json().encode(), b"application/json", None)
+
+
+async def test_a_poll_that_crosses_a_create_in_flight_does_not_offer_its_slot_again() -> None:
+    server = _ServerCounting(capacity=2)
+    pool = Pool(RouterSettings(backends=["127.0.0.1:9"]), server)  # type: ignore[arg-type]
+    await pool.start()
+    backend = pool.backends["127.0.0.1:9"]
+    await pool.poll(backend)
+    assert backend.free == 2
+    # A create is on its way; the poll is answered before the server counts it.
+    backend.opening += 1
+    await pool.poll(backend)
+    assert backend.free == 1
+    # The create answered; a poll answered before and one after the server counted it.
+    backend.opening -= 1
+    backend.unreported += 1
+    assert backend.free == 1
+    server.active = 1
+    await pool.poll(backend)
+    assert backend.free == 1
+    await pool.poll(backend)
+    assert backend.free == 1
+    await pool.stop()

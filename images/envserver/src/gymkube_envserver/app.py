@@ -311,7 +311,7 @@ def create_app(settings: ServerSettings, backend: EnvBackend | None = None) -> F
     async def status() -> StatusResponse:
         return StatusResponse(
             env=env_backend.name,
-            active=len(manager.sessions),
+            active=manager.active,
             capacity=settings.max_sessions,
             warm=len(manager.warm),
             warm_target=settings.warm,
@@ -339,6 +339,6 @@ def create_app(settings: ServerSettings, backend: EnvBackend | None = None) -> F
     ) -> DrainResponse:
         _only_on_admin_port(request, settings)
         manager.set_draining(body.draining if body else True)
-        return DrainResponse(draining=manager.draining, active=len(manager.sessions))
+        return DrainResponse(draining=manager.draining, active=manager.active)
 
     return app

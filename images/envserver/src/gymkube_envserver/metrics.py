@@ -46,7 +46,7 @@ class LoadCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         manager = self.manager
         gauges = {
-            "active_sessions": ("Open sessions.", len(manager.sessions)),
+            "active_sessions": ("Open sessions, with those being created.", manager.active),
             "capacity_sessions": ("Most open sessions accepted.", manager.settings.max_sessions),
             "warm_envs": ("Idle started envs waiting for /create.", len(manager.warm)),
             "draining": ("1 while the server takes no new sessions.", int(manager.draining)),

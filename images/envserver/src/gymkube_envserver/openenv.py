@@ -336,7 +336,7 @@ async def serve_websocket(websocket: WebSocket, manager: SessionManager) -> None
                 code,
                 exc.message,
                 gymkube_code=exc.code.value,
-                active_sessions=len(manager.sessions),
+                active_sessions=manager.active,
                 max_sessions=manager.settings.max_sessions,
             )
         )

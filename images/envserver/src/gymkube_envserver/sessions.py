@@ -153,6 +153,12 @@ class SessionManager:
         await self.backend.shutdown()
 
     @property
+    def active(self) -> int:
+        """Open sessions and those being created: what counts against max_sessions, and what
+        /status reports, so a router polling mid-create does not see a slot that is taken."""
+        return len(self.sessions) + self._creating
+
+    @property
     def ready(self) -> bool:
         return self.prepared and self.pool.warmed and not self.draining
 
@@ -178,7 +184,7 @@ class SessionManager:
             raise ApiError(ErrorCode.DRAINING, "server is draining; use another", retry)
         if not self.prepared:
             raise ApiError(ErrorCode.NOT_READY, "the env is still starting", retry)
-        if len(self.sessions) + self._creating >= self.settings.max_sessions:
+        if self.active >= self.settings.max_sessions:
             raise ApiError(
                 ErrorCode.AT_CAPACITY,
                 f"all {self.settings.max_sessions} sessions are in use; retry later",

@@ -212,7 +212,7 @@ class CanaryStatus(BaseModel):
 
 class StatusResponse(BaseModel):
     env: str
-    active: int = Field(description="Open sessions.")
+    active: int = Field(description="Open sessions, with those being created.")
     capacity: int = Field(description="Most open sessions this server accepts.")
     warm: int = Field(
         description="Idle started envs waiting for a /create: pre-started ones and those that "

@@ -271,23 +271,23 @@ class Router:
         pool = self.pool
         refused: set[Backend] = set()
         async for backend in self._placements(self.settings.create_wait, refused):
-            backend.unreported += 1
+            backend.opening += 1
             try:
                 status, payload, headers = await self._forward(
                     request, backend, b"POST", "/create", body
                 )
             except BackendGone:
-                backend.unreported -= 1
                 refused.add(backend)
                 continue
+            finally:
+                backend.opening -= 1
             if status == 503:
-                backend.unreported -= 1
                 pool.mark_full(backend)
                 refused.add(backend)
                 continue
             if status >= 300:
-                backend.unreported -= 1
                 return web.Response(body=payload, status=status, headers=headers)
+            backend.unreported += 1
             backend.placed += 1
             if request.transport is None or request.transport.is_closing():
                 # The client gave up while the server was starting an env (a cold JVM takes a
@@ -363,7 +363,7 @@ class Router:
         assert self._ws_client is not None
         refused: set[Backend] = set()
         async for backend in self._placements(self.settings.ws_create_wait, refused):
-            backend.unreported += 1
+            backend.opening += 1
             try:
                 upstream = await self._ws_client.ws_connect(
                     f"http://{backend.address}{TUNNEL_ENDPOINT}",
@@ -373,10 +373,12 @@ class Router:
                     max_msg_size=0,
                 )
             except (aiohttp.ClientError, OSError, TimeoutError):
-                backend.unreported -= 1
                 backend.errors += 1
                 refused.add(backend)
                 continue
+            finally:
+                backend.opening -= 1
+            backend.unreported += 1
             backend.placed += 1
             return backend, upstream
         return None

@@ -84,7 +84,9 @@ class Backend:
     failures: int = 0
     last_error: str | None = None
     last_poll_at: float | None = None
-    # Sessions placed minus sessions closed through this replica since the last poll answer.
+    # Sessions this replica is placing here now: the server may or may not count them yet.
+    opening: int = 0
+    # Sessions placed minus sessions closed through this replica since the last poll was sent.
     unreported: int = 0
     placed: int = 0
     errors: int = 0
@@ -105,7 +107,7 @@ class Backend:
     def free(self) -> int:
         if self.status is None:
             return 0
-        return self.status.capacity - self.status.active - self.unreported
+        return self.status.capacity - self.status.active - self.opening - self.unreported
 
     @property
     def placeable(self) -> bool:
@@ -213,7 +215,7 @@ class Pool:
     def mark_full(self, backend: Backend) -> None:
         """A backend refused a /create: treat it as full until its next poll says otherwise."""
         if backend.status is not None:
-            backend.unreported = backend.status.capacity - backend.status.active
+            backend.unreported = backend.status.capacity - backend.status.active - backend.opening
 
     def closed(self, backend: Backend) -> None:
         backend.unreported -= 1
@@ -337,7 +339,8 @@ class Pool:
             backend.status = None
             backend.last_error = f"{type(exc).__name__}: {exc}"[:500]
             return
-        # Placements made after the poll was sent are not in its answer yet.
+        # Placements finished after the poll was sent are not in its answer yet, and those
+        # still opening stay counted as opening whether the answer has them or not.
         backend.unreported -= unreported_before
         backend.status = status
         backend.last_error = None
