@@ -2,6 +2,14 @@
 # The e2e tier on this machine: a cluster (started here when none is up, and taken down again
 # afterwards), the images `make images` built loaded into it, then tests/e2e.
 #
+#   hack/test-e2e.sh [PYTEST_ARG...]        prepare, run, down
+#   hack/test-e2e.sh prepare                the cluster up and the images loaded
+#   hack/test-e2e.sh run [PYTEST_ARG...]    tests/e2e on the cluster prepare readied
+#   hack/test-e2e.sh down                   that cluster removed, if prepare started it
+#
+# The phases let `make test` (hack/test.sh) ready the cluster while pytest runs; the state
+# between them is $E2E_STATE.
+#
 # GYMKUBE_E2E_CLUSTER picks the cluster:
 #   auto (default)     a kind cluster that is up; else the local cluster when it is up; else kind
 #                      when a node image can be had (kind's own where Docker can pull it, else
@@ -51,21 +59,58 @@ choose_cluster() {
 	esac
 }
 
-cluster=$(choose_cluster)
-say "cluster: $cluster"
-started_here=false
-if [[ $cluster == kind ]]; then
-	kind_cluster_exists || started_here=true
-	stop_started_cluster() { if $started_here; then hack/kind-down.sh; fi; }
-	trap stop_started_cluster EXIT
-	kubeconfig=$(hack/kind-up.sh "${images[@]}")
-else
-	hack/local-cluster.sh status >/dev/null 2>&1 || started_here=true
-	stop_started_cluster() { if $started_here; then hack/local-cluster.sh down; fi; }
-	trap stop_started_cluster EXIT
-	hack/local-cluster.sh up
-	hack/local-cluster.sh load-image "${images[@]}"
-	kubeconfig=$(hack/local-cluster.sh kubeconfig)
-fi
-GYMKUBE_E2E_KUBECONFIG=$kubeconfig GYMKUBE_E2E_IMAGE_TAG=$tag \
-	.venv/bin/python -m pytest -m e2e tests/e2e "$@"
+# cluster=kind|local, started_here=true|false, kubeconfig=PATH, one per line.
+E2E_STATE=out/e2e/cluster.env
+
+state() { sed -n "s/^$1=//p" "$E2E_STATE" 2>/dev/null; }
+
+prepare() {
+	local cluster started_here=false kubeconfig
+	cluster=$(choose_cluster)
+	say "cluster: $cluster"
+	if [[ $cluster == kind ]]; then
+		kind_cluster_exists || started_here=true
+	else
+		hack/local-cluster.sh status >/dev/null 2>&1 || started_here=true
+	fi
+	# Written before the cluster comes up, so `down` removes one that a failure left half made.
+	mkdir -p "$(dirname "$E2E_STATE")"
+	printf 'cluster=%s\nstarted_here=%s\n' "$cluster" "$started_here" >"$E2E_STATE"
+	if [[ $cluster == kind ]]; then
+		kubeconfig=$(hack/kind-up.sh "${images[@]}")
+	else
+		hack/local-cluster.sh up
+		hack/local-cluster.sh load-image "${images[@]}"
+		kubeconfig=$(hack/local-cluster.sh kubeconfig)
+	fi
+	printf 'kubeconfig=%s\n' "$kubeconfig" >>"$E2E_STATE"
+}
+
+run() {
+	local kubeconfig
+	kubeconfig=$(state kubeconfig)
+	[[ -n $kubeconfig ]] || { say "error: no cluster is ready for e2e; run \`$0 prepare\` first"; exit 2; }
+	GYMKUBE_E2E_KUBECONFIG=$kubeconfig GYMKUBE_E2E_IMAGE_TAG=$tag \
+		.venv/bin/python -m pytest -m e2e tests/e2e "$@"
+}
+
+down() {
+	if [[ $(state started_here) == true ]]; then
+		case $(state cluster) in
+		kind) hack/kind-down.sh ;;
+		local) hack/local-cluster.sh down ;;
+		esac
+	fi
+	rm -f "$E2E_STATE"
+}
+
+case ${1:-} in
+prepare) prepare ;;
+run) shift && run "$@" ;;
+down) down ;;
+*)
+	trap down EXIT
+	prepare
+	run "$@"
+	;;
+esac

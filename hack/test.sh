@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# `make test`: `pytest tests` (unit, then integration), then the e2e tier (hack/test-e2e.sh).
+#
+# Readying the e2e cluster (`make images`, the cluster, the images loaded into its node) takes
+# minutes, mostly Docker and the disk, while pytest mostly waits on its own servers and the CPU,
+# so the two run side by side; the e2e suite starts once both are done. The readying's output
+# goes to $PREPARE_LOG and is printed after pytest's.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+PREPARE_LOG=out/e2e/prepare.log
+say() { printf 'test: %s\n' "$*" >&2; }
+
+mkdir -p "$(dirname "$PREPARE_LOG")"
+prepare_pid=
+stop() {
+	if [[ -n $prepare_pid ]] && kill -0 "$prepare_pid" 2>/dev/null; then
+		# Its own process group (setsid), so make, docker and kind under it go too.
+		kill -TERM -- "-$prepare_pid" 2>/dev/null || true
+		wait "$prepare_pid" 2>/dev/null || true
+	fi
+	hack/test-e2e.sh down
+}
+trap stop EXIT
+
+say "readying the e2e cluster beside pytest (log: $PREPARE_LOG)"
+# shellcheck disable=SC2016 # expanded by the inner bash
+setsid bash -c '"$1" --no-print-directory images && hack/test-e2e.sh prepare' _ "${MAKE:-make}" \
+	>"$PREPARE_LOG" 2>&1 </dev/null &
+prepare_pid=$!
+
+.venv/bin/python -m pytest tests
+
+say "pytest passed; waiting for the e2e cluster"
+prepare_rc=0
+wait "$prepare_pid" || prepare_rc=$?
+prepare_pid=
+cat "$PREPARE_LOG"
+if ((prepare_rc)); then
+	say "error: readying the e2e cluster failed (exit $prepare_rc; its output is above)"
+	exit "$prepare_rc"
+fi
+hack/test-e2e.sh run
