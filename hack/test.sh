@@ -25,7 +25,8 @@ trap stop EXIT
 
 say "readying the e2e cluster beside pytest (log: $PREPARE_LOG)"
 # shellcheck disable=SC2016 # expanded by the inner bash
-setsid bash -c '"$1" --no-print-directory images && hack/test-e2e.sh prepare' _ "${MAKE:-make}" \
+setsid bash -c '"$1" --no-print-directory images && hack/test-e2e.sh prepare &&
+	echo "test: the e2e cluster was ready after $SECONDS s"' _ "${MAKE:-make}" \
 	>"$PREPARE_LOG" 2>&1 </dev/null &
 prepare_pid=$!
 

@@ -92,6 +92,29 @@ def test_websocket_and_http_sessions_share_capacity(procs: Procs) -> None:
     httpx.post(router.url + "/close", json={"id": http_session})
 
 
+def test_a_socket_placed_on_a_server_that_filled_up_since_the_last_poll_goes_elsewhere(
+    procs: Procs,
+) -> None:
+    filled, spare = procs.env_server(max_sessions=2), procs.env_server(max_sessions=1)
+    # Polled once at start, then not for 30 s: the router believes `filled` has 2 free slots.
+    router = procs.router_for(
+        [filled, spare], "--poll-interval", "30", "--ws-create-wait", "0.3", fast_polling=False
+    )
+    wait_all(filled, spare, router)
+    direct = [GenericEnvClient(base_url=filled.url).sync() for _ in range(2)]
+    routed = [GenericEnvClient(base_url=router.url).sync() for _ in range(2)]
+    try:
+        for env in direct:
+            env.reset(seed=0)
+        routed[0].reset(seed=1)
+        assert (active_sessions(filled), active_sessions(spare)) == (2, 1)
+        with pytest.raises(RuntimeError, match="CAPACITY_REACHED"):
+            routed[1].reset()
+    finally:
+        for env in direct + routed:
+            env.close()
+
+
 def _row(base_url: str) -> dict[str, object]:
     """The guide's dataset row, with base_url pointing at the pool."""
     return {

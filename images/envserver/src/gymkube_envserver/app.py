@@ -18,7 +18,7 @@ from gymkube_envserver import __version__
 from gymkube_envserver.canary import Canary
 from gymkube_envserver.envs import EnvSpecError, load_backend
 from gymkube_envserver.envs.base import EnvBackend, EnvInputError, ResetParams
-from gymkube_envserver.errors import ApiError
+from gymkube_envserver.errors import ApiError, error_json
 from gymkube_envserver.metrics import MetricsMiddleware, ServerMetrics
 from gymkube_envserver.openenv import add_openenv_routes
 from gymkube_envserver.sessions import SessionManager
@@ -78,8 +78,7 @@ def error_response(
     request: Request, code: ErrorCode, message: str, retry_after_s: int | None = None
 ) -> JSONResponse:
     request.state.error_code = code.value
-    headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
-    return JSONResponse(error_body(code, message), status_code=ERROR_STATUS[code], headers=headers)
+    return error_json(code, message, retry_after_s)
 
 
 def _validation_message(exc: RequestValidationError) -> str:

@@ -1,8 +1,15 @@
-"""The exception that becomes a JSON error response."""
+"""The exception that becomes a JSON error response, and that response."""
 
 from __future__ import annotations
 
-from gymkube_envserver.wire import ERROR_STATUS, ErrorCode
+from fastapi.responses import JSONResponse
+
+from gymkube_envserver.wire import ERROR_STATUS, RETRY_AFTER_CODES, ErrorCode, error_body
+
+
+def error_json(code: ErrorCode, message: str, retry_after_s: int | None = None) -> JSONResponse:
+    headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
+    return JSONResponse(error_body(code, message), status_code=ERROR_STATUS[code], headers=headers)
 
 
 class ApiError(Exception):
@@ -17,3 +24,8 @@ class ApiError(Exception):
     @property
     def status(self) -> int:
         return ERROR_STATUS[self.code]
+
+    def response(self) -> JSONResponse:
+        """Its JSON error response, with Retry-After where the code says to come back."""
+        retry = self.retry_after_s if self.code in RETRY_AFTER_CODES else None
+        return error_json(self.code, self.message, retry)

@@ -37,6 +37,10 @@ WS_PATH = "/ws"
 """Where OpenEnv clients open their session socket (``http://host/pool`` -> ``ws://host/pool/ws``)."""
 HTTP_PATHS = ("/health", "/schema", "/metadata")
 """OpenEnv's HTTP endpoints a pool answers (``AutoEnv`` checks ``/health``)."""
+PLACEMENT_HEADER = "X-Gymkube-Placement"
+"""Sent by a router placing a session on ``WS_PATH``. A server that cannot take the session then
+refuses the upgrade with its HTTP error, which the router reads and places the session elsewhere,
+instead of OpenEnv's accept-then-error-frame, which only reaches the client."""
 
 
 class OpenEnvErrorCode(StrEnum):
@@ -320,6 +324,10 @@ async def _close(websocket: WebSocket, code: CloseCode, reason: str) -> None:
 
 async def serve_websocket(websocket: WebSocket, manager: SessionManager) -> None:
     """One OpenEnv session for the life of the connection."""
+    refusal = manager.refusal() if PLACEMENT_HEADER in websocket.headers else None
+    if refusal is not None:
+        await websocket.send_denial_response(refusal.response())
+        return
     await websocket.accept()
     try:
         session = await manager.create({})

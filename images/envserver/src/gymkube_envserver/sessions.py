@@ -177,19 +177,26 @@ class SessionManager:
 
     # sessions
 
-    async def create(self, env_config: dict[str, Any]) -> Session:
-        """A new session whose env_config is ``env_config`` over the server's default."""
+    def refusal(self) -> ApiError | None:
+        """Why a new session would be refused now, or None when one would be taken."""
         retry = self.settings.retry_after
         if self.draining:
-            raise ApiError(ErrorCode.DRAINING, "server is draining; use another", retry)
+            return ApiError(ErrorCode.DRAINING, "server is draining; use another", retry)
         if not self.prepared:
-            raise ApiError(ErrorCode.NOT_READY, "the env is still starting", retry)
+            return ApiError(ErrorCode.NOT_READY, "the env is still starting", retry)
         if self.active >= self.settings.max_sessions:
-            raise ApiError(
+            return ApiError(
                 ErrorCode.AT_CAPACITY,
                 f"all {self.settings.max_sessions} sessions are in use; retry later",
                 retry,
             )
+        return None
+
+    async def create(self, env_config: dict[str, Any]) -> Session:
+        """A new session whose env_config is ``env_config`` over the server's default."""
+        refusal = self.refusal()
+        if refusal is not None:
+            raise refusal
         env_config = {**self.settings.env_config, **env_config}
         try:
             self.backend.check_config(env_config)

@@ -19,7 +19,7 @@ import aiohttp
 from aiohttp import web
 from multidict import MultiDict
 
-from gymkube_envserver.openenv import CloseCode, OpenEnvErrorCode, error_frame
+from gymkube_envserver.openenv import PLACEMENT_HEADER, CloseCode, OpenEnvErrorCode, error_frame
 from gymkube_envserver.router.bodies import (
     JSON,
     http_request,
@@ -361,17 +361,28 @@ class Router:
     ) -> tuple[Backend, aiohttp.ClientWebSocketResponse] | None:
         """The backend with the most room and an open socket to its ``/ws``; None when full."""
         assert self._ws_client is not None
+        pool = self.pool
         refused: set[Backend] = set()
         async for backend in self._placements(self.settings.ws_create_wait, refused):
             backend.opening += 1
             try:
                 upstream = await self._ws_client.ws_connect(
                     f"http://{backend.address}{TUNNEL_ENDPOINT}",
+                    headers={PLACEMENT_HEADER: "1"},
                     heartbeat=self.settings.ws_heartbeat,
                     autoping=True,
                     compress=0,
                     max_msg_size=0,
                 )
+            except aiohttp.WSServerHandshakeError as refused_upgrade:
+                # Full, draining or not ready, though the last poll said otherwise: another
+                # replica placed sessions there since, or clients reached it directly.
+                if refused_upgrade.status == 503:
+                    pool.mark_full(backend)
+                else:
+                    backend.errors += 1
+                refused.add(backend)
+                continue
             except (aiohttp.ClientError, OSError, TimeoutError):
                 backend.errors += 1
                 refused.add(backend)
