@@ -235,6 +235,19 @@ def test_a_trainer_pod_that_succeeded_is_running_before_the_job_counts_it() -> N
     assert condition(plan, "Running") == ("True", "TrainingRunning")
 
 
+def test_a_trainer_that_exited_0_in_a_pod_still_running_is_running() -> None:
+    # Between the trainer's exit and the pod's Succeeded, the pod is Running and not ready.
+    counting = job("grpo-train", active=1, ready=0)
+    exited = {"name": "trainer", "ready": False, "state": {"terminated": {"exitCode": 0}}}
+    pod = {
+        "metadata": {"name": "grpo-train-x"},
+        "status": {"phase": "Running", "containerStatuses": [exited]},
+    }
+    plan = step(Observed(pool=pool(), training=counting, trainer_pod=pod), started())
+    assert plan.status.phase == Phase.RUNNING
+    assert condition(plan, "Running") == ("True", "TrainingRunning")
+
+
 def test_failed_job_fails_the_run_with_the_jobs_reason() -> None:
     failed = job("grpo-train", ("Failed", "BackoffLimitExceeded"))
     plan = step(Observed(pool=pool(), training=failed), started())

@@ -36,6 +36,7 @@ from gymkube_operator.trainingrun.readings import (
     pool_wait_over,
     preflight_line,
     reason_word,
+    trainer_exited_cleanly,
     trainer_failure,
     true_condition,
 )
@@ -145,9 +146,8 @@ def _job_outcome(job: Object, spec: TrainingRunSpec, pod: Object | None) -> _Out
     # its pod says so first, then the Job's counts and conditions.
     if status.get("ready", 0) > 0:
         return _Outcome(Phase.RUNNING, Reason.TRAINING_RUNNING, f"Job {name} is running", start)
-    pod_succeeded = ((pod or {}).get("status") or {}).get("phase") == "Succeeded"
     if (
-        pod_succeeded
+        trainer_exited_cleanly(pod)
         or status.get("succeeded", 0) > 0
         or true_condition(job, "SuccessCriteriaMet") is not None
     ):

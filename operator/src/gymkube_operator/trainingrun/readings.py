@@ -181,6 +181,15 @@ def trainer_started(pod: Object) -> bool:
     return "running" in state or "terminated" in state
 
 
+def trainer_exited_cleanly(pod: Object | None) -> bool:
+    """Whether the trainer ended with 0: its pod Succeeded, or, a moment before the kubelet says
+    so (the pod is still Running, no longer ready), its container terminated with exit code 0."""
+    if ((pod or {}).get("status") or {}).get("phase") == "Succeeded":
+        return True
+    state = (container_status(pod, render.TRAINER) or {}).get("state") or {}
+    return (state.get("terminated") or {}).get("exitCode") == 0
+
+
 def _memory_limit(pod: Object | None) -> str | None:
     for container in (pod or {}).get("spec", {}).get("containers", []) or []:
         if container.get("name") == render.TRAINER:
