@@ -26,7 +26,6 @@ from gymkube_envserver.settings import ServerSettings
 from gymkube_envserver.wire import (
     ERROR_STATUS,
     MAX_ID_CHARS,
-    RETRY_AFTER_CODES,
     CloseRequest,
     CloseResponse,
     CreateRequest,
@@ -156,8 +155,7 @@ def create_app(settings: ServerSettings, backend: EnvBackend | None = None) -> F
 
     @app.exception_handler(ApiError)
     async def on_api_error(request: Request, exc: ApiError) -> JSONResponse:
-        retry = exc.retry_after_s if exc.code in RETRY_AFTER_CODES else None
-        return error_response(request, exc.code, exc.message, retry)
+        return error_response(request, exc.code, exc.message, exc.retry_after_header_s)
 
     @app.exception_handler(RequestValidationError)
     async def on_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

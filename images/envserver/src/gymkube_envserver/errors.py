@@ -25,7 +25,10 @@ class ApiError(Exception):
     def status(self) -> int:
         return ERROR_STATUS[self.code]
 
+    @property
+    def retry_after_header_s(self) -> int | None:
+        """Retry-After of its response: only where the code says to come back."""
+        return self.retry_after_s if self.code in RETRY_AFTER_CODES else None
+
     def response(self) -> JSONResponse:
-        """Its JSON error response, with Retry-After where the code says to come back."""
-        retry = self.retry_after_s if self.code in RETRY_AFTER_CODES else None
-        return error_json(self.code, self.message, retry)
+        return error_json(self.code, self.message, self.retry_after_header_s)
