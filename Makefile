@@ -29,6 +29,10 @@ help: ## Show this help.
 up: install ## Cluster (kind, else local) + images + chart + example pools + a CPU preflight run.
 	$(PY) hack/up.py up
 
+.PHONY: learn
+learn: install ## A CPU GRPO run that learns, then base and trained scored on held-out episodes (bench/learning.py, after `make images`): JSON per step and per eval, docs/img/learning-curve.png.
+	$(PY) bench/learning.py
+
 .PHONY: down
 down: install ## Undo `make up`: examples, chart, and the cluster if `make up` started it.
 	$(PY) hack/up.py down

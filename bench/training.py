@@ -28,6 +28,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -36,8 +37,9 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import yaml
@@ -69,6 +71,12 @@ SERVER_TIME = re.compile(
 )
 ENV_ENDPOINTS = {"/create", "/reset", "/step", "/close"}
 BIN = Path(sys.executable).parent
+# The run the bench renders, as the operator would name it: its checkpoints go to
+# <checkpoints>/bench (command.checkpoint_dir).
+BENCH_RUN = Run(
+    name="bench", namespace="bench", uid="0", trainer_image="", cpu_trainer_image="",
+    preflight_image="", image_pull_policy="Never",
+)  # fmt: skip
 
 
 def wait_ready(url: str, timeout_s: float = 60.0) -> None:
@@ -82,28 +90,47 @@ def wait_ready(url: str, timeout_s: float = 60.0) -> None:
     raise RuntimeError(f"{url} did not become ready in {timeout_s:.0f}s")
 
 
+@dataclass
+class LocalPool:
+    """Env servers behind a router on the loopback, as an EnvPool runs them."""
+
+    url: str
+    server_urls: list[str]
+    servers: list[subprocess.Popen[bytes]]
+
+
 @contextmanager
-def pool(env_config: dict[str, Any], sessions: int) -> Iterator[tuple[str, str]]:
-    """An env server and a router in front of it: (pool URL, env server URL)."""
-    server_port, router_port = free_port(), free_port()
-    server = subprocess.Popen(
-        [BIN / "gymkube-envserver", "--env", "frozen_lake", "--host", "127.0.0.1",
-         "--port", str(server_port), "--max-sessions", str(sessions), "--canary-interval", "0",
-         "--env-config", json.dumps(env_config), "--log-level", "warning"],
-    )  # fmt: skip
+def pool(env_config: dict[str, Any], sessions: int, servers: int = 1) -> Iterator[LocalPool]:
+    """SERVERS env servers of SESSIONS each and a router in front of them."""
+    server_ports, router_port = [free_port() for _ in range(servers)], free_port()
+    processes = [
+        subprocess.Popen(
+            [BIN / "gymkube-envserver", "--env", "frozen_lake", "--host", "127.0.0.1",
+             "--port", str(port), "--max-sessions", str(sessions), "--canary-interval", "0",
+             "--env-config", json.dumps(env_config), "--log-level", "warning"]
+        )
+        for port in server_ports
+    ]  # fmt: skip
     router = subprocess.Popen(
         [BIN / "gymkube-router", "--host", "127.0.0.1", "--port", str(router_port),
-         "--backends", f"127.0.0.1:{server_port}"],
+         "--backends", ",".join(f"127.0.0.1:{port}" for port in server_ports)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    server_url, pool_url = f"http://127.0.0.1:{server_port}", f"http://127.0.0.1:{router_port}"
+    local = LocalPool(
+        f"http://127.0.0.1:{router_port}",
+        [f"http://127.0.0.1:{port}" for port in server_ports],
+        processes,
+    )
     try:
-        wait_ready(server_url)
-        wait_ready(pool_url)
-        yield pool_url, server_url
+        for url in local.server_urls:
+            wait_ready(url)
+        wait_ready(local.url)
+        yield local
     finally:
-        for process in (router, server):
-            process.terminate()
+        for process in (router, *processes):
+            if process.poll() is None:
+                process.send_signal(signal.SIGCONT)  # a server a bench froze must hear the TERM
+                process.terminate()
             process.wait(timeout=30)
 
 
@@ -118,65 +145,122 @@ def env_seconds(server_url: str) -> float:
     )
 
 
-def example_spec(steps: int) -> TrainingRunSpec:
-    spec = yaml.safe_load(EXAMPLE_RUN.read_text())["spec"]
+def manifest_spec(manifest: Path, overrides: list[str]) -> TrainingRunSpec:
+    """The spec of a TrainingRun manifest, OVERRIDES replacing its own of the same keys."""
+    spec = yaml.safe_load(manifest.read_text())["spec"]
+    replaced = {device.override_key(o) for o in overrides}
     spec["overrides"] = [
-        o for o in spec["overrides"] if not o.startswith("trainer.total_training_steps=")
-    ] + [f"trainer.total_training_steps={steps}", "trainer.save_freq=-1"]
+        o for o in spec["overrides"] if device.override_key(o) not in replaced
+    ] + overrides
     return TrainingRunSpec.model_validate(spec)
 
 
-def rendered_run(spec: TrainingRunSpec, pool_url: str, scratch: Path) -> list[str]:
-    """The trainer command the operator renders, its in-pod paths moved under SCRATCH, with the
-    agent-loop YAML, the parquet files and the model laid out as the pod has them."""
-    run = Run(
-        name="bench", namespace="bench", uid="0", trainer_image="", cpu_trainer_image="",
-        preflight_image="", image_pull_policy="Never",
-    )  # fmt: skip
-    target = RunTarget(run=run, spec=spec, pool_url=pool_url, env="frozen_lake")
-    moves = {
-        command.DATA_DIR: scratch / "data",
-        command.CONFIG_DIR: scratch / "config",
-        command.CHECKPOINTS_DIR: scratch / "checkpoints",
-        "/models": scratch / "models",
-    }
-    for path in moves.values():
-        path.mkdir(parents=True)
-    for name, text in command.config_files(target).items():
-        (moves[command.CONFIG_DIR] / name).write_text(text)
-    for args in command.dataset_commands(target).values():
-        out = args[args.index("--out") + 1]
-        args[args.index("--out") + 1] = out.replace(command.DATA_DIR, str(moves[command.DATA_DIR]))
-        subprocess.run([BIN / args[0], *args[1:]], check=True, stdout=subprocess.DEVNULL)
-    shutil.unpack_archive(MODEL, moves["/models"])
+def example_spec(steps: int) -> TrainingRunSpec:
+    return manifest_spec(
+        EXAMPLE_RUN, [f"trainer.total_training_steps={steps}", "trainer.save_freq=-1"]
+    )
 
-    def moved(arg: str) -> str:
-        for old, new in moves.items():
+
+def pool_env_config(manifest: Path) -> dict[str, Any]:
+    """The envConfig of an EnvPool manifest."""
+    env_config: dict[str, Any] = yaml.safe_load(manifest.read_text())["spec"]["envConfig"]
+    return env_config
+
+
+@dataclass(frozen=True)
+class PodPaths:
+    """A gymkube pod's paths (its rows, config, checkpoints and models) and where they are here,
+    under a scratch directory."""
+
+    moves: dict[str, Path]
+
+    @classmethod
+    def under(cls, scratch: Path) -> PodPaths:
+        return cls(
+            {
+                command.DATA_DIR: scratch / "data",
+                command.CONFIG_DIR: scratch / "config",
+                command.CHECKPOINTS_DIR: scratch / "checkpoints",
+                "/models": scratch / "models",
+            }
+        )
+
+    def moved(self, arg: str) -> str:
+        for old, new in self.moves.items():
             arg = arg.replace(old + "/", f"{new}/")
         return arg
 
-    rendered = [moved(arg) for arg in command.trainer_command(target)]
+    def here(self, pod_path: str) -> Path:
+        return Path(self.moved(pod_path))
+
+    def make(self) -> None:
+        for path in self.moves.values():
+            path.mkdir(parents=True, exist_ok=True)
+
+    def write_config(self, files: dict[str, str]) -> None:
+        for name, text in files.items():
+            (self.moves[command.CONFIG_DIR] / name).write_text(text)
+
+    def run_step(self, args: list[str]) -> None:
+        """A rendered gymkube step (gymkube-dataset) with its paths moved, to its end."""
+        subprocess.run(
+            [BIN / args[0], *map(self.moved, args[1:])], check=True, stdout=subprocess.DEVNULL
+        )
+
+
+def rendered_run(
+    spec: TrainingRunSpec, pool_url: str, scratch: Path, models: Path = MODEL
+) -> list[str]:
+    """The trainer command the operator renders, its in-pod paths moved under SCRATCH
+    (PodPaths.under), with the agent-loop YAML, the parquet files and the model (the tar MODELS
+    of /models) laid out as the pod has them."""
+    target = RunTarget(run=BENCH_RUN, spec=spec, pool_url=pool_url, env="frozen_lake")
+    paths = PodPaths.under(scratch)
+    paths.make()
+    paths.write_config(command.config_files(target))
+    # Their --out parquet and, with agentLoop.templates, the --templates file move too.
+    for args in command.dataset_commands(target).values():
+        paths.run_step(args)
+    shutil.unpack_archive(models, paths.moves["/models"])
+    rendered = [paths.moved(arg) for arg in command.trainer_command(target)]
     rendered[0] = str(BIN / rendered[0])
     rendered[rendered.index("python3")] = sys.executable
     return rendered
 
 
+def trainer_progress(
+    argv: list[str], scratch: Path, log: IO[str] | None = None
+) -> Iterator[dict[str, Any]]:
+    """Run a rendered trainer command with the CPU trainer's environment; yield each of its
+    `gymkube-progress` records as it comes (every output line goes to LOG too)."""
+    env = {**os.environ, **device.CPU_ENV}
+    # In the scratch directory: Hydra writes its outputs/ where the trainer starts.
+    trainer = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env, cwd=scratch)
+    assert trainer.stdout is not None
+    try:
+        for line in trainer.stdout:
+            if log is not None:
+                log.write(line)
+            if line.startswith(PROGRESS_PREFIX):
+                yield json.loads(line.removeprefix(PROGRESS_PREFIX))
+        if trainer.wait() != 0:
+            raise RuntimeError(f"the trainer exited {trainer.returncode}")
+    finally:
+        if trainer.poll() is None:  # gymkube-train stops the trainer's whole process group
+            trainer.terminate()
+            trainer.wait(timeout=60)
+
+
 def grpo_step(steps: int) -> dict[str, Any]:
     spec = example_spec(steps)
-    env_config = yaml.safe_load(EXAMPLE_POOL.read_text())["spec"]["envConfig"]
+    env_config = pool_env_config(EXAMPLE_POOL)
     per_step: list[dict[str, Any]] = []
-    with pool(env_config, 16) as (pool_url, server_url), tempfile.TemporaryDirectory() as tmp:
-        argv = rendered_run(spec, pool_url, Path(tmp))
-        env = {**os.environ, **device.CPU_ENV}
+    with pool(env_config, 16) as local, tempfile.TemporaryDirectory() as tmp:
+        server_url = local.server_urls[0]
+        argv = rendered_run(spec, local.url, Path(tmp))
         started = time.monotonic()
-        # In the scratch directory: Hydra writes its outputs/ where the trainer starts.
-        trainer = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env, cwd=tmp)
-        assert trainer.stdout is not None
         env_before = env_seconds(server_url)
-        for line in trainer.stdout:
-            if not line.startswith(PROGRESS_PREFIX):
-                continue
-            progress = json.loads(line.removeprefix(PROGRESS_PREFIX))
+        for progress in trainer_progress(argv, Path(tmp)):
             env_now = env_seconds(server_url)
             step_s = progress["stepSeconds"]
             per_step.append(
@@ -191,8 +275,6 @@ def grpo_step(steps: int) -> dict[str, Any]:
                 }
             )
             env_before = env_now
-        if trainer.wait() != 0:
-            raise RuntimeError(f"the trainer exited {trainer.returncode}")
         wall = time.monotonic() - started
     # The first step also warms everything up; the later ones are the steady state.
     steady = per_step[1:] or per_step
@@ -324,14 +406,14 @@ def main() -> None:
     try:
         results["grpo_step"] = grpo_step(args.steps)
         print(json.dumps(results["grpo_step"]), flush=True)
-        env_config = yaml.safe_load(EXAMPLE_POOL.read_text())["spec"]["envConfig"]
-        with pool(env_config, 64) as (pool_url, _):
+        env_config = pool_env_config(EXAMPLE_POOL)
+        with pool(env_config, 64) as local:
             results["episodes_per_second"] = asyncio.run(
                 play_rounds(
                     args.rounds,
                     results["grpo_step"]["episodes_per_step"],
                     results["grpo_step"]["generation_s_per_reply"],
-                    pool_url,
+                    local.url,
                     env_config,
                 )
             )

@@ -30,7 +30,8 @@ setsid bash -c '"$1" --no-print-directory images && hack/test-e2e.sh prepare &&
 	>"$PREPARE_LOG" 2>&1 </dev/null &
 prepare_pid=$!
 
-.venv/bin/python -m pytest tests
+# Two workers (tests/conftest.py says what shares one): the tests mostly wait on their own servers.
+.venv/bin/python -m pytest -n 2 tests
 
 say "pytest passed; waiting for the e2e cluster"
 prepare_rc=0

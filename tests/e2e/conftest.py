@@ -14,11 +14,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from e2e_cluster import OPT_IN, Cluster, E2ESettings, api_path, wait_until
+from e2e_cluster import OPT_IN, Cluster, E2ESettings, api_path, gymkube_path, wait_until
 from gymkube_dev import chart
 from gymkube_dev.kube import KubeError
+from gymkube_operator.labels import COMPONENT_LABEL
 
 NAMESPACE_DELETE_TIMEOUT_S = 300.0
+POOL_DELETE_TIMEOUT_S = 120.0
+ENVSERVERS = f"{COMPONENT_LABEL}=envserver"
 TEST_NAMESPACE_LABEL = "gymkube-e2e"
 
 
@@ -92,12 +95,35 @@ def operator(cluster: Cluster, settings: E2ESettings) -> Iterator[Cluster]:
     # Test namespaces are deleted without waiting (the next test need not wait for them), but
     # the operator must outlive them: it removes its finalizers from the pools inside.
     namespaces = api_path("v1", "namespaces")
-    wait_until(
-        lambda: not cluster.names(namespaces, TEST_NAMESPACE_LABEL),
-        timeout=NAMESPACE_DELETE_TIMEOUT_S,
-        what="every test namespace (label gymkube-e2e) to be deleted",
-    )
+    try:
+        wait_until(
+            lambda: not cluster.names(namespaces, TEST_NAMESPACE_LABEL),
+            timeout=NAMESPACE_DELETE_TIMEOUT_S,
+            what="every test namespace (label gymkube-e2e) to be deleted",
+        )
+    except AssertionError as err:
+        raise AssertionError(f"{err}\n{_still_deleting(cluster)}") from None
     chart.uninstall(cluster, settings.release, namespace, wait=False)
+
+
+def _still_deleting(cluster: Cluster) -> str:
+    """What holds up each test namespace: the namespace controller's own conditions (the
+    resources and finalizers left) and the pods still terminating, with their grace."""
+    lines: list[str] = []
+    for ns in cluster.list_objects(api_path("v1", "namespaces"), TEST_NAMESPACE_LABEL):
+        name = ns["metadata"]["name"]
+        lines.append(f"namespace {name}:")
+        for cond in (ns.get("status") or {}).get("conditions") or []:
+            if cond.get("status") == "True":
+                lines.append(f"  {cond['type']}: {cond.get('message', '')}")
+        for pod in cluster.list_objects(api_path("v1", "pods", name)):
+            meta = pod["metadata"]
+            lines.append(
+                f"  pod {meta['name']}: deleting since {meta.get('deletionTimestamp')} "
+                f"(grace {meta.get('deletionGracePeriodSeconds')} s), "
+                f"phase {(pod.get('status') or {}).get('phase')}"
+            )
+    return "\n".join(lines)
 
 
 @pytest.fixture
@@ -114,4 +140,19 @@ def namespace(
     yield name
     if request.node.stash.get(FAILED_PHASES, set()):
         print(operator.dump(name))
+    # The pools first, as a user tears down (the operator stops their servers within 30 s), then
+    # any env server still there removed at once: deleting the namespace would wait out each
+    # server's drain of sessions a test's trainer left open, since a namespace's pods go before
+    # its other objects (docs/envpool.md) and the namespace controller looks again only after
+    # the longest terminationGracePeriodSeconds of the pods it found (330 s).
+    pools = gymkube_path("envpools", name)
+    for pool in operator.names(pools):
+        operator.delete(gymkube_path("envpools", name, pool))
+    wait_until(
+        lambda: not operator.names(pools),
+        timeout=POOL_DELETE_TIMEOUT_S,
+        what=f"{name}'s pools to go",
+    )
+    for pod in operator.names(api_path("v1", "pods", name), ENVSERVERS):
+        operator.delete(api_path("v1", "pods", name, pod), grace_period_seconds=0)
     operator.delete(api_path("v1", "namespaces", name=name))

@@ -6,8 +6,9 @@ Everything goes through the kubeconfig alone (the API server's pod proxy reaches
 same tests run on kind and on hack/local-cluster.sh.
 """
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,6 +25,25 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 OPT_IN = "GYMKUBE_E2E_KUBECONFIG"
 
 T = TypeVar("T")
+
+# Signals the env-server process inside its container: not PID 1 (tini, whose argv names the
+# server too, and which ignores signals sent from inside its namespace), not this script.
+SIGNAL_ENVSERVER = """
+import os, signal, sys
+me = os.getpid()
+for entry in os.listdir("/proc"):
+    if not entry.isdigit() or int(entry) in (1, me):
+        continue
+    try:
+        argv = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\\0")
+    except OSError:
+        continue
+    if any(os.path.basename(arg) == b"gymkube-envserver" for arg in argv):
+        os.kill(int(entry), getattr(signal, sys.argv[1]))
+        print(entry)
+        sys.exit(0)
+sys.exit("no gymkube-envserver process found")
+"""
 __all__ = [  # what the tests import from here, defined elsewhere
     "COMPONENT_LABEL",
     "ENVSERVER_PORT",
@@ -167,6 +187,18 @@ class Cluster(Kube):
         target = ["-c", container] if container else []
         return self.kubectl("exec", "-n", namespace, pod, *target, "--", "python3", "-c", code)
 
+    def signal_envserver(self, namespace: str, pod: str, signal_name: str) -> None:
+        """Sends SIGNAL_NAME (SIGSTOP, SIGKILL, ...) to the env server process in POD."""
+        try:
+            self.kubectl(
+                "exec", "-n", namespace, pod, "--", "python3", "-c", SIGNAL_ENVSERVER, signal_name
+            )
+        except AssertionError as exc:
+            # A killed server takes its container down, and this exec with it (137), sometimes
+            # before the exec has returned; the callers check that the server was brought back.
+            if signal_name != "SIGKILL" or "exit code 137" not in str(exc):
+                raise
+
     def dump(self, namespace: str) -> str:
         """Operator logs, events and pod descriptions, for a failed test's report."""
         ops, release = self.settings.operator_namespace, self.settings.release
@@ -239,3 +271,71 @@ def preflight_job(name: str, image: str, pull_policy: str, url: str, env: str) -
             },
         },
     }
+
+
+def finished(operator: Cluster, plural: str, namespace: str, name: str, timeout: float) -> Object:
+    """The gymkube object (a trainingrun, an evalrun) once Succeeded or Failed is True."""
+    path = gymkube_path(plural, namespace, name)
+
+    def ended() -> Object | None:
+        found = operator.get(path) or {}
+        done = any(
+            c.get("type") in ("Succeeded", "Failed") and c.get("status") == "True"
+            for c in (found.get("status") or {}).get("conditions") or []
+        )
+        return found if done else None
+
+    return wait_until(ended, timeout=timeout, what=f"{plural}/{name} to finish")
+
+
+# On the node's disk, not under /tmp: a kind node's /tmp is a tmpfs, where the checkpoints a
+# trainer writes (1.5 GB a step for SmolLM2-135M) would count against its pod's memory limit.
+# node_directory removes what it made.
+NODE_DIR = "/var/lib/gymkube-e2e"
+
+
+def run_on_node(
+    operator: Cluster, settings: E2ESettings, namespace: str, name: str, command: str
+) -> None:
+    """Run a shell command as root in a pod with the node's NODE_DIR at /e2e, to its end."""
+    volume = {"hostPath": {"path": NODE_DIR, "type": "DirectoryOrCreate"}}
+    operator.create(
+        api_path("v1", "pods", namespace),
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [
+                    {
+                        "name": name,
+                        "image": settings.preflight_image,
+                        "imagePullPolicy": settings.image_pull_policy,
+                        "command": ["sh", "-c", command],
+                        "securityContext": {"runAsUser": 0},
+                        "volumeMounts": [{"name": "e2e", "mountPath": "/e2e"}],
+                    }
+                ],
+                "volumes": [{"name": "e2e", **volume}],
+            },
+        },
+    )
+
+    def done() -> bool:
+        pod = operator.get(api_path("v1", "pods", namespace, name)) or {}
+        return (pod.get("status") or {}).get("phase") == "Succeeded"
+
+    wait_until(done, timeout=120, what=f"pod {name} to finish `{command}`")
+
+
+@contextlib.contextmanager
+def node_directory(
+    operator: Cluster, settings: E2ESettings, namespace: str, make: Callable[[str], str]
+) -> Iterator[Object]:
+    """A directory of the node's for this test's namespace, made by the shell command
+    make(its path in the pod), as a hostPath volume that outlives pods; removed afterwards."""
+    directory = f"/e2e/{namespace}"
+    run_on_node(operator, settings, namespace, "node-dir", make(directory))
+    try:
+        yield {"hostPath": {"path": f"{NODE_DIR}/{namespace}", "type": "Directory"}}
+    finally:
+        run_on_node(operator, settings, namespace, "node-dir-gone", f"rm -rf {directory}")

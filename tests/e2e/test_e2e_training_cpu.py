@@ -1,14 +1,17 @@
 """A CPU TrainingRun trains for real: verl's main_ppo with vLLM on CPU and SmolLM2-135M-Instruct
-(the CPU trainer image's own model), gymkube's agent loop playing a FrozenLake pool. It succeeds
-with rewards that are the env servers' own scores, resumes from its checkpoint when recreated, and
-a wrong model path fails with the trainer's reason in the run's status."""
+(the CPU trainer image's own model), gymkube's agent loop playing a FrozenLake pool. One run rides
+out every fault gymkube promises to absorb: an env server frozen mid-step (its episodes replayed
+on the other server), the trainer pod deleted (retried, resumed from its checkpoint) and the
+operator restarted, and still trains exactly its steps. A wrong model path fails with the
+trainer's reason in the run's status."""
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from e2e_cluster import (
+    ENVSERVER_PORT,
     GROUP,
     VERSION,
     Cluster,
@@ -17,10 +20,13 @@ from e2e_cluster import (
     condition,
     envpool_manifest,
     envserver_selector,
+    finished,
     gymkube_path,
+    node_directory,
     wait_until,
 )
 from gymkube_agentloop.train import PROGRESS_PREFIX
+from gymkube_dev.chart import release_selector
 
 # The two training runs take several minutes each on a 2-core node.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2700)]
@@ -31,10 +37,25 @@ BATCH, ROLLOUTS = 2, 2
 TRAINING_TIMEOUT_S = 1500.0
 
 
-def _pool() -> dict[str, Any]:
+# The watchdog's settings in the test pool: a frozen server is found within PROBE x THRESHOLD s.
+WATCHDOG = {
+    "probePeriodSeconds": 2,
+    "probeTimeoutSeconds": 1,
+    "failureThreshold": 3,
+    "canaryIntervalSeconds": 0,
+}
+DETECTION_S = WATCHDOG["probePeriodSeconds"] * WATCHDOG["failureThreshold"]
+
+
+def _pool(replicas: int = 1) -> dict[str, Any]:
     # 2x2 lakes where a plain move word counts: an untrained 135M model sometimes reaches the goal.
     return envpool_manifest(
-        "lake", "frozen_lake", 1, sessionsPerReplica=8, envConfig={"size": 2, "moves": "word"}
+        "lake",
+        "frozen_lake",
+        replicas,
+        sessionsPerReplica=8,
+        envConfig={"size": 2, "moves": "word"},
+        watchdog=WATCHDOG,
     )
 
 
@@ -76,141 +97,189 @@ def _cpu_run(name: str, steps: int, checkpoints: dict[str, Any], model: str = MO
     }
 
 
-# On the node, under /tmp: the local cluster's node is this machine, so the fixture removes it.
-NODE_DIR = "/tmp/gymkube-e2e"
-
-
-def _run_on_node(
-    operator: Cluster, settings: E2ESettings, namespace: str, name: str, command: str
-) -> None:
-    """Run a shell command as root in a pod with the node's NODE_DIR at /e2e, to its end."""
-    volume = {"hostPath": {"path": NODE_DIR, "type": "DirectoryOrCreate"}}
-    operator.create(
-        api_path("v1", "pods", namespace),
-        {
-            "metadata": {"name": name},
-            "spec": {
-                "restartPolicy": "Never",
-                "containers": [
-                    {
-                        "name": name,
-                        "image": settings.preflight_image,
-                        "imagePullPolicy": settings.image_pull_policy,
-                        "command": ["sh", "-c", command],
-                        "securityContext": {"runAsUser": 0},
-                        "volumeMounts": [{"name": "e2e", "mountPath": "/e2e"}],
-                    }
-                ],
-                "volumes": [{"name": "e2e", **volume}],
-            },
-        },
-    )
-
-    def done() -> bool:
-        pod = operator.get(api_path("v1", "pods", namespace, name)) or {}
-        return (pod.get("status") or {}).get("phase") == "Succeeded"
-
-    wait_until(done, timeout=120, what=f"pod {name} to finish `{command}`")
-
-
 @pytest.fixture
 def checkpoints(
     operator: Cluster, settings: E2ESettings, namespace: str
 ) -> Iterator[dict[str, Any]]:
     """A node directory the trainer (uid 10001) can write and that outlives its pods; removed
     afterwards (each run leaves about 3 GB of checkpoints)."""
-    directory = f"/e2e/{namespace}"
-    _run_on_node(
-        operator,
-        settings,
-        namespace,
-        "checkpoints-dir",
-        f"mkdir -p {directory} && chmod 0777 {directory}",
-    )
-    yield {"hostPath": {"path": f"{NODE_DIR}/{namespace}", "type": "Directory"}}
-    _run_on_node(operator, settings, namespace, "checkpoints-gone", f"rm -rf {directory}")
+    with node_directory(
+        operator, settings, namespace, lambda path: f"mkdir -p {path} && chmod 0777 {path}"
+    ) as volume:
+        yield volume
 
 
-def _finished(operator: Cluster, namespace: str, name: str) -> dict[str, Any]:
-    path = gymkube_path("trainingruns", namespace, name)
-
-    def ended() -> bool:
-        run = operator.get(path) or {}
-        return any(
-            c.get("type") in ("Succeeded", "Failed") and c.get("status") == "True"
-            for c in (run.get("status") or {}).get("conditions") or []
-        )
-
-    wait_until(ended, timeout=TRAINING_TIMEOUT_S, what=f"trainingrun/{name} to finish")
-    run = operator.get(path)
-    assert run is not None
-    return run
-
-
-def _progress_lines(operator: Cluster, namespace: str, run: dict[str, Any]) -> list[Any]:
-    job = run["status"]["training"]["name"]
-    (pod,) = operator.names(api_path("v1", "pods", namespace), f"job-name={job}")
-    log = operator.kubectl("logs", "-n", namespace, pod, "-c", "trainer", timeout=60)
-    return [
+def _progress_lines(
+    operator: Cluster, namespace: str, pod: str, *, check: bool = True
+) -> list[Any]:
+    """The step lines (`gymkube-progress` with stepSeconds) of the trainer in POD (check=False:
+    none while its log cannot be read yet)."""
+    log = operator.kubectl("logs", "-n", namespace, pod, "-c", "trainer", check=check, timeout=60)
+    lines = [
         json.loads(line.removeprefix(PROGRESS_PREFIX))
         for line in log.splitlines()
         if line.startswith(PROGRESS_PREFIX)
     ]
+    return [line for line in lines if "stepSeconds" in line]
 
 
-def _pool_episodes(operator: Cluster, namespace: str) -> tuple[float, float]:
-    """(episodes, sum of their final scores) as the pool's env servers counted them."""
-    episodes = scores = 0.0
+def _logged_step(operator: Cluster, namespace: str, step: int) -> Callable[[], str | None]:
+    """The trainer pod, once its own log has the line of STEP (or a later one): read from the
+    log, which the operator's status follows only at its next read."""
+
+    def logged() -> str | None:
+        pod: str | None = _run_status(operator, namespace, "lake-grpo").get("trainerPod")
+        if pod is None:
+            return None
+        lines = _progress_lines(operator, namespace, pod, check=False)
+        return pod if any(line["step"] >= step for line in lines) else None
+
+    return logged
+
+
+def _run_status(operator: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    run = operator.get(gymkube_path("trainingruns", namespace, name)) or {}
+    status: dict[str, Any] = run.get("status") or {}
+    return status
+
+
+def _sessions_served(operator: Cluster, namespace: str) -> dict[str, int]:
+    """Each answering env-server pod's count of sessions created, by its own /status."""
+    found = {}
     for pod in operator.names(api_path("v1", "pods", namespace), envserver_selector("lake")):
-        metrics = operator.exec_python(
-            namespace,
-            pod,
-            "import urllib.request; print(urllib.request.urlopen("
-            "'http://127.0.0.1:8000/metrics', timeout=5).read().decode())",
-        )
-        for line in metrics.splitlines():
-            name, _, value = line.partition(" ")
-            if name == "gymkube_envserver_episodes_total":
-                episodes += float(value)
-            elif name == "gymkube_envserver_episode_score_total":
-                scores += float(value)
-    return episodes, scores
+        code, status = operator.pod_http(namespace, pod, ENVSERVER_PORT, "/status", timeout=5)
+        if code == 200:
+            found[pod] = int(status.get("served", 0))
+    return found
 
 
-def test_a_cpu_run_trains_with_the_pools_scores_and_resumes_from_its_checkpoint(
-    operator: Cluster, namespace: str, checkpoints: dict[str, Any]
-) -> None:
-    operator.create(gymkube_path("envpools", namespace), _pool())
-    operator.wait_pool_ready(namespace, "lake")
+def _freeze_as_episodes_start(operator: Cluster, namespace: str) -> str:
+    """SIGSTOP the first env server to create a session from now on (the next step's episodes
+    starting), so they have every turn still to play: each is cut off and must be replayed.
+    (Not "sessions open": a session whose client gave up on a slow server stays open until its
+    idle timeout.) Returns the pod."""
+    before = _sessions_served(operator, namespace)
 
-    operator.create(gymkube_path("trainingruns", namespace), _cpu_run("lake-grpo", 1, checkpoints))
-    run = _finished(operator, namespace, "lake-grpo")
-    succeeded = condition(run, "Succeeded") or {}
-    assert succeeded.get("status") == "True", run["status"]
-    progress = run["status"]["progress"]
-    assert (progress["step"], progress["totalSteps"]) == (1, 1)
-    assert progress["checkpoint"] == "/checkpoints/lake-grpo/global_step_1"
+    def opened() -> str | None:
+        now = _sessions_served(operator, namespace)
+        return next((pod for pod, n in now.items() if n > before.get(pod, n)), None)
 
-    # verl's mean reward per step is the mean of the env's own final scores (FrozenLake: 0 or 1).
-    steps = _progress_lines(operator, namespace, run)
-    assert [line["step"] for line in steps] == [1]
-    episodes, scores = _pool_episodes(operator, namespace)
-    assert episodes == BATCH * ROLLOUTS
-    rewarded = sum(line["meanReward"] * BATCH * ROLLOUTS for line in steps)
-    assert rewarded == pytest.approx(scores, abs=1e-6)
-
-    # Recreated under the same name, the run goes on from its last checkpoint, not from step 0.
-    operator.delete(gymkube_path("trainingruns", namespace, "lake-grpo"))
-    wait_until(
-        lambda: operator.get(gymkube_path("trainingruns", namespace, "lake-grpo")) is None,
-        timeout=120,
-        what="the first run to be deleted",
+    busy: str = wait_until(
+        opened, timeout=TRAINING_TIMEOUT_S, interval=0.2, what="the next step's episodes to start"
     )
-    operator.create(gymkube_path("trainingruns", namespace), _cpu_run("lake-grpo", 2, checkpoints))
-    resumed = _finished(operator, namespace, "lake-grpo")
-    assert (condition(resumed, "Succeeded") or {}).get("status") == "True", resumed["status"]
-    assert [line["step"] for line in _progress_lines(operator, namespace, resumed)] == [2]
-    assert resumed["status"]["progress"]["checkpoint"] == "/checkpoints/lake-grpo/global_step_2"
+    operator.signal_envserver(namespace, busy, "SIGSTOP")
+    return busy
+
+
+def _replays_counted(operator: Cluster, namespace: str) -> int:
+    """Replaying resets the pool's env servers answered, by their own /status."""
+    total = 0
+    for pod in operator.names(api_path("v1", "pods", namespace), envserver_selector("lake")):
+        code, status = operator.pod_http(namespace, pod, ENVSERVER_PORT, "/status", timeout=10)
+        assert code == 200, f"/status of {pod}: {code} {status}"
+        total += int(status.get("replays", 0))
+    return total
+
+
+def _restart_operator(operator: Cluster, settings: E2ESettings) -> None:
+    namespace = settings.operator_namespace
+    selector = f"{release_selector(settings.release)},app.kubernetes.io/component=operator"
+    old = set(operator.names(api_path("v1", "pods", namespace), selector))
+    for pod in old:
+        operator.delete(api_path("v1", "pods", namespace, pod))
+
+    def replaced() -> bool:
+        names = operator.names(api_path("v1", "pods", namespace), selector)
+        return any(name not in old and operator.pod_ready(namespace, name) for name in names)
+
+    wait_until(replaced, timeout=180, what="a new operator pod to be Ready")
+
+
+STEPS = 4
+# An env server is frozen as the episodes of a step after this one start (step 2, or step 3 when
+# the operator's status reads the trainer's log late).
+FREEZE_AFTER_STEP = 1
+DELETE_AFTER_CHECKPOINT = 3  # the trainer pod is deleted once this step's checkpoint is written
+# A step on a 2-core node varies by several seconds from one to the next on its own.
+STEP_NOISE_S = 20
+
+
+def test_a_cpu_run_rides_out_a_frozen_server_a_deleted_trainer_and_an_operator_restart(
+    operator: Cluster, settings: E2ESettings, namespace: str, checkpoints: dict[str, Any]
+) -> None:
+    operator.create(gymkube_path("envpools", namespace), _pool(replicas=2))
+    operator.wait_pool_ready(namespace, "lake", extra=lambda p: p["status"]["readyReplicas"] == 2)
+    operator.create(
+        gymkube_path("trainingruns", namespace), _cpu_run("lake-grpo", STEPS, checkpoints)
+    )
+
+    # 1. As a later step's episodes start, the server holding some of them freezes (a hung JVM).
+    logged = _logged_step(operator, namespace, FREEZE_AFTER_STEP)
+    wait_until(logged, timeout=TRAINING_TIMEOUT_S, interval=0.5, what="step 1")
+    _freeze_as_episodes_start(operator, namespace)
+
+    # 2. Once step 3 is checkpointed (its line follows the save), the trainer pod is deleted (as a
+    # drain or an eviction would), at once: a pod that goes on to step 4 may reach its memory
+    # limit there (docs/train-on-cpu.md).
+    checkpointed = _logged_step(operator, namespace, DELETE_AFTER_CHECKPOINT)
+    first_pod = wait_until(
+        checkpointed, timeout=TRAINING_TIMEOUT_S, interval=0.5, what="checkpoint 3"
+    )
+    first_steps = _progress_lines(operator, namespace, first_pod)
+    operator.delete(api_path("v1", "pods", namespace, first_pod))
+
+    # 3. Once the Job has started its replacement, the operator itself restarts.
+    def second_pod() -> str | None:
+        pod: str | None = _run_status(operator, namespace, "lake-grpo").get("trainerPod")
+        return pod if pod not in (None, first_pod) else None
+
+    resumed_pod = wait_until(second_pod, timeout=300, what="a new trainer pod")
+    _restart_operator(operator, settings)
+
+    run = finished(operator, "trainingruns", namespace, "lake-grpo", TRAINING_TIMEOUT_S)
+    assert (condition(run, "Succeeded") or {}).get("status") == "True", run["status"]
+    status = run["status"]
+    assert (status["progress"]["step"], status["progress"]["totalSteps"]) == (STEPS, STEPS)
+
+    # The deletion was a restart, not a failure, and the new pod went on from checkpoint 3.
+    restarts = status["restarts"]
+    assert restarts["count"] == 1, restarts
+    (restart,) = restarts["recent"]
+    assert (restart["pod"], restart["reason"]) == (first_pod, "Deleted"), restart
+    assert restart["resumedFromStep"] == DELETE_AFTER_CHECKPOINT, restart
+
+    # Exactly STEPS steps: the first pod's up to the checkpoint, the second's after it.
+    resumed_steps = _progress_lines(operator, namespace, resumed_pod)
+    assert [line["step"] for line in first_steps] == list(range(1, DELETE_AFTER_CHECKPOINT + 1))
+    assert [line["step"] for line in resumed_steps] == list(
+        range(DELETE_AFTER_CHECKPOINT + 1, STEPS + 1)
+    )
+    assert {line["resumedFromStep"] for line in resumed_steps} == {DELETE_AFTER_CHECKPOINT}
+
+    # Every episode trained: those on the frozen server were replayed on the other, none left out.
+    steps = {line["step"]: line for line in first_steps + resumed_steps}
+    print(json.dumps({"e2e_fault_steps": list(steps.values())}))
+    assert all(line["episodes"] == BATCH * ROLLOUTS for line in steps.values()), steps
+    # The first step with replays is the frozen one (a later one may replay too, where a starved
+    # node made a server miss the client's deadline).
+    replayed = [step for step, line in steps.items() if line["episodesReplayed"] > 0]
+    assert replayed, steps
+    frozen_step = min(replayed)
+    assert FREEZE_AFTER_STEP < frozen_step <= DELETE_AFTER_CHECKPOINT, steps
+    assert sum(line["episodesExcluded"] for line in steps.values()) == 0, steps
+    assert sum(line["replayCanaryFailures"] for line in steps.values()) == 0, steps
+    # The env servers counted the same replays (the frozen one, replaced, was sent none).
+    assert _replays_counted(operator, namespace) == sum(
+        line["episodesReplayed"] for line in steps.values()
+    )
+    # The freeze cost its step no more than the time to find the server dead: against the
+    # slowest other step after the first (the first also warms up).
+    normal = max(
+        line["stepSeconds"] for step, line in steps.items() if step not in (1, frozen_step)
+    )
+    frozen_seconds = steps[frozen_step]["stepSeconds"]
+    print(json.dumps({"e2e_frozen_step": frozen_step, "seconds": frozen_seconds, "normal": normal}))
+    assert frozen_seconds <= normal + DETECTION_S + STEP_NOISE_S, steps
 
 
 def test_a_cpu_run_with_a_wrong_model_path_fails_with_the_reason(
@@ -222,7 +291,7 @@ def test_a_cpu_run_with_a_wrong_model_path_fails_with_the_reason(
         gymkube_path("trainingruns", namespace),
         _cpu_run("lost", 1, {"emptyDir": {}}, model="/models/SmolLM2-1.7B-Instruct"),
     )
-    run = _finished(operator, namespace, "lost")
+    run = finished(operator, "trainingruns", namespace, "lost", TRAINING_TIMEOUT_S)
     failed = condition(run, "Failed") or {}
     assert failed.get("status") == "True", run["status"]
     assert "model path /models/SmolLM2-1.7B-Instruct does not exist" in failed["message"]

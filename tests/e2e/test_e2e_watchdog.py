@@ -24,37 +24,6 @@ PROBE_PERIOD_S = 2
 FAILURE_THRESHOLD = 3
 MOVES = ("right", "down", "right", "down", "left", "up")
 
-# Signals the env-server process inside its container: not PID 1 (tini, whose argv names the
-# server too, and which ignores signals sent from inside its namespace), not this script.
-SIGNAL_SERVER = """
-import os, signal, sys
-me = os.getpid()
-for entry in os.listdir("/proc"):
-    if not entry.isdigit() or int(entry) in (1, me):
-        continue
-    try:
-        argv = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\\0")
-    except OSError:
-        continue
-    if any(os.path.basename(arg) == b"gymkube-envserver" for arg in argv):
-        os.kill(int(entry), getattr(signal, sys.argv[1]))
-        print(entry)
-        sys.exit(0)
-sys.exit("no gymkube-envserver process found")
-"""
-
-
-def _signal_server(operator: Cluster, namespace: str, pod: str, signal_name: str) -> None:
-    try:
-        operator.kubectl(
-            "exec", "-n", namespace, pod, "--", "python3", "-c", SIGNAL_SERVER, signal_name
-        )
-    except AssertionError as exc:
-        # A killed server takes its container down, and this exec with it (137), sometimes
-        # before the exec has returned; the callers check that the server was brought back.
-        if signal_name != "SIGKILL" or "exit code 137" not in str(exc):
-            raise
-
 
 def _play_episode(operator: Cluster, namespace: str, pod: str) -> dict[str, Any]:
     """Plays one whole FrozenLake episode on POD directly; returns the last step's answer."""
@@ -128,7 +97,7 @@ def test_watchdog_replaces_a_frozen_server(
     victim, survivor = _start_pool(operator, namespace)
     old_uid = _uid(operator, namespace, victim)
 
-    _signal_server(operator, namespace, victim, "SIGSTOP")
+    operator.signal_envserver(namespace, victim, "SIGSTOP")
     frozen_at = time.monotonic()
     # The other pod's sessions play whole episodes while the watchdog deals with the frozen one.
     _play_episode(operator, namespace, survivor)
@@ -167,7 +136,7 @@ def test_a_killed_server_is_brought_back_and_the_cause_recorded(
     victim, survivor = _start_pool(operator, namespace)
     old_uid = _uid(operator, namespace, victim)
 
-    _signal_server(operator, namespace, victim, "SIGKILL")
+    operator.signal_envserver(namespace, victim, "SIGKILL")
     _play_episode(operator, namespace, survivor)
 
     def recovered() -> str | None:

@@ -18,13 +18,14 @@ import kubernetes
 import pytest
 from controlplane import ControlPlane
 from gymkube_dev.ports import free_port
-from gymkube_operator.crds.catalog import package_file
-from gymkube_operator.envpool.resource import ENVPOOL
+from gymkube_operator.crds.catalog import RESOURCES, package_file
 
 T = TypeVar("T")
 GROUP, VERSION, PLURAL = "gymkube.io", "v1alpha1", "envpools"
 BIN_DIR = Path(sys.executable).parent
 WAIT_S = 60.0
+# Pods bound here are "on a node" for the API server; no kubelet ever runs them.
+FAKE_NODE = "gymkube-test-node"
 
 
 def eventually(what: str, probe: Callable[[], T | None], timeout: float = WAIT_S) -> T:
@@ -38,9 +39,17 @@ def eventually(what: str, probe: Callable[[], T | None], timeout: float = WAIT_S
 
 
 def install_crds(kube: ControlPlane) -> None:
-    """Install the CRD exactly as shipped, before any operator starts."""
-    kube.kubectl("apply", "--server-side", "-f", str(package_file(ENVPOOL)))
-    kube.kubectl("wait", "--for=condition=Established", f"crd/{ENVPOOL.name}", "--timeout=60s")
+    """Install every CRD exactly as shipped, before any operator starts (the operator watches
+    them all, and the examples name them all)."""
+    for resource in RESOURCES:
+        kube.kubectl("apply", "--server-side", "-f", str(package_file(resource)))
+    wait_for_crds(kube)
+
+
+def wait_for_crds(kube: ControlPlane) -> None:
+    """Until every gymkube CRD is established (after they were applied, from wherever)."""
+    names = [f"crd/{resource.name}" for resource in RESOURCES]
+    kube.kubectl("wait", "--for=condition=Established", *names, "--timeout=60s")
 
 
 def envpool(name: str, **spec: Any) -> dict[str, Any]:
@@ -120,6 +129,27 @@ class Cluster:
             self.namespace, field_selector=selector
         ).items
         return items
+
+    def bind_pods(self, selector: str, node: str = FAKE_NODE) -> int:
+        """Do what a scheduler would: bind the pods to NODE (a Node object with no kubelet), so the
+        API server deletes them gracefully, as on a real node: they stay, marked with their
+        deletion grace period, until deleted with grace 0. Returns how many pods are bound."""
+        try:
+            self.core.create_node({"metadata": {"name": node}})
+        except kubernetes.client.ApiException as error:
+            if error.status != 409:
+                raise
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=selector).items
+        for pod in (p for p in pods if not p.spec.node_name):
+            binding = {
+                "metadata": {"name": pod.metadata.name},
+                "target": {"kind": "Node", "name": node},
+            }
+            # The client cannot parse the binding's reply (a Status); it is not needed.
+            self.core.create_namespaced_pod_binding(
+                pod.metadata.name, self.namespace, binding, _preload_content=False
+            )
+        return len(pods)
 
     def mark_pods_ready(self, selector: str) -> int:
         """Do what a kubelet would: report the pods running and ready (without a pod IP, so the

@@ -14,6 +14,8 @@ from gymkube_dev.errors import StepError
 from gymkube_dev.kube import Kube, KubeError, gymkube_path
 from gymkube_dev.ports import free_port
 from gymkube_dev.settings import UpSettings, UpState, load_state, save_state
+from gymkube_operator.crds.catalog import RESOURCES
+from operator_support import wait_for_crds
 
 pytestmark = pytest.mark.integration
 
@@ -21,11 +23,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def client(kube: ControlPlane) -> Kube:
     client = Kube(kube.kubeconfig)
-    assert chart.apply_crds(client) == ["envpools.gymkube.io", "trainingruns.gymkube.io"]
-    kube.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s",
-        "crd/envpools.gymkube.io", "crd/trainingruns.gymkube.io",
-    )  # fmt: skip
+    assert sorted(chart.apply_crds(client)) == sorted(resource.name for resource in RESOURCES)
+    wait_for_crds(kube)
     return client
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from controlplane import ControlPlane
+from gymkube_operator.envpool.builders import GRACE_AFTER_DRAIN
 from operator_support import (
     Cluster,
     OperatorProcess,
@@ -271,6 +272,43 @@ def test_deleting_the_pool_garbage_collects_its_children(
     )
     eventually("pool gone", lambda: True if cluster.get("doomed") is None else None)
     eventually("children collected", lambda: True if not cluster.children("doomed") else None)
+
+
+def test_a_deleted_pools_servers_stop_without_waiting_out_their_drain(
+    cluster: Cluster, operator: OperatorProcess
+) -> None:
+    # The servers' own grace covers a drain of drainTimeoutSeconds; a deleted pool's sessions can
+    # no longer be reached, so its servers get only the time a drained server has to stop.
+    cluster.create(envpool("ending", replicas=2, watchdog={"drainTimeoutSeconds": 600}))
+    selector = "gymkube.io/envpool=ending,app.kubernetes.io/component=envserver"
+    eventually(
+        "both env-server pods bound to a node",
+        lambda: True if cluster.bind_pods(selector) == 2 else None,
+    )
+    (pod, _) = cluster.core.list_namespaced_pod(cluster.namespace, label_selector=selector).items
+    assert pod.spec.termination_grace_period_seconds == 600 + GRACE_AFTER_DRAIN
+    cluster.custom.delete_namespaced_custom_object(
+        "gymkube.io", "v1alpha1", cluster.namespace, "envpools", "ending"
+    )
+
+    def stopping() -> list[Any] | None:
+        pods = cluster.core.list_namespaced_pod(cluster.namespace, label_selector=selector).items
+        graces = [p.metadata.deletion_grace_period_seconds for p in pods]
+        return pods if len(pods) == 2 and graces == [GRACE_AFTER_DRAIN] * 2 else None
+
+    stopped = eventually("both servers stopping within the short grace", stopping)
+    # Not replaced: the StatefulSet went first.
+    assert {p.metadata.uid for p in stopped} == {
+        p.metadata.uid
+        for p in cluster.core.list_namespaced_pod(cluster.namespace, label_selector=selector).items
+    }
+    eventually("pool gone", lambda: True if cluster.get("ending") is None else None)
+    reasons = [e.reason for e in cluster.events("ending")]
+    assert "ServersStopped" in reasons, reasons
+    for p in stopped:  # no kubelet here to finish the stop
+        cluster.core.delete_namespaced_pod(
+            p.metadata.name, cluster.namespace, grace_period_seconds=0
+        )
 
 
 def test_restarting_the_operator_mid_reconcile_creates_no_duplicates(

@@ -21,6 +21,7 @@ from gymkube_dev.ports import free_port
 from gymkube_dev.processes import stop
 from gymkube_operator.envpool.builders import build_children, owner, parse_spec
 from gymkube_operator.settings import OperatorSettings
+from operator_support import wait_for_crds
 
 pytestmark = pytest.mark.integration
 
@@ -42,13 +43,15 @@ TIMEOUT_S = 120
 # writes and events.
 OPERATOR_NEEDS: frozenset[tuple[str, str, str]] = frozenset(
     {(verb, "gymkube.io", kind) for verb in ("get", "list", "watch", "patch")
-     for kind in ("envpools", "trainingruns")}
-    | {("delete", "gymkube.io", "trainingruns")}
-    | {("patch", "gymkube.io", "envpools/status"), ("patch", "gymkube.io", "trainingruns/status")}
-    | {("update", "gymkube.io", "envpools/finalizers"),
-       ("update", "gymkube.io", "trainingruns/finalizers")}
+     for kind in ("envpools", "trainingruns", "evalruns")}
+    | {("delete", "gymkube.io", kind) for kind in ("trainingruns", "evalruns")}
+    | {("patch", "gymkube.io", f"{kind}/status")
+       for kind in ("envpools", "trainingruns", "evalruns")}
+    | {("update", "gymkube.io", f"{kind}/finalizers")
+       for kind in ("envpools", "trainingruns", "evalruns")}
     | {(verb, "apps", kind) for verb in ("list", "watch", "create", "patch")
        for kind in ("statefulsets", "deployments")}
+    | {("delete", "apps", "statefulsets")}
     | {(verb, "", kind) for verb in ("create", "patch") for kind in ("services", "configmaps")}
     | {("create", "policy", "poddisruptionbudgets"), ("patch", "policy", "poddisruptionbudgets")}
     | {(verb, "networking.k8s.io", "networkpolicies")
@@ -115,10 +118,7 @@ def ensure_namespace(kube: ControlPlane, name: str) -> None:
 def crds(kube: ControlPlane) -> None:
     """The chart's CRDs (generated from the operator's models), applied and established."""
     kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
-    kube.kubectl(
-        "wait", "--for=condition=Established", f"--timeout={TIMEOUT_S}s",
-        "crd/envpools.gymkube.io", "crd/trainingruns.gymkube.io",
-    )  # fmt: skip
+    wait_for_crds(kube)
 
 
 @pytest.fixture(scope="module")

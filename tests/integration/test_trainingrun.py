@@ -23,7 +23,7 @@ from controlplane import ControlPlane
 from gymkube_operator.crds.catalog import package_file
 from gymkube_operator.trainingrun import render
 from gymkube_operator.trainingrun.command import Run, RunTarget
-from gymkube_operator.trainingrun.models import TrainingRunSpec
+from gymkube_operator.trainingrun.models import HISTORY_STEPS, TrainingRunSpec
 from gymkube_operator.trainingrun.resource import TRAININGRUN
 from operator_support import (
     Cluster,
@@ -156,19 +156,32 @@ class Runs:
         }
         return found
 
+    def job_pods(self, job: str) -> list[Any]:
+        pods: list[Any] = self.core.list_namespaced_pod(
+            self.namespace, label_selector=f"batch.kubernetes.io/job-name={job}"
+        ).items
+        return pods
+
     def job_pod(self, job: str) -> Any:
+        """The Job's pod that has not stopped (a Job replaces a pod once it stopped), else any."""
+
         def probe() -> Any:
-            pods = self.core.list_namespaced_pod(
-                self.namespace, label_selector=f"batch.kubernetes.io/job-name={job}"
-            ).items
-            return pods[0] if pods else None
+            pods = self.job_pods(job)
+            running = [p for p in pods if p.status.phase not in ("Succeeded", "Failed")]
+            return (running or pods or [None])[0]
 
         return eventually(f"a pod of Job {job} (from the Job controller)", probe)
 
     def finish_pod(
-        self, job: str, exit_code: int, message: str = "", reason: str | None = None
-    ) -> None:
-        """What a kubelet reports when the pod's container exits."""
+        self,
+        job: str,
+        exit_code: int,
+        message: str = "",
+        reason: str | None = None,
+        disruption: tuple[str, str] | None = None,
+    ) -> str:
+        """What a kubelet reports when the pod's container exits (after the component named in
+        `disruption`, (reason, message), marked it DisruptionTarget); the pod's name."""
         pod = self.job_pod(job)
         container = pod.spec.containers[0]
         terminated = {
@@ -191,7 +204,13 @@ class Runs:
                 }
             ],
         }
+        if disruption is not None:
+            cause, said = disruption
+            target = {"type": "DisruptionTarget", "status": "True", "reason": cause}
+            status["conditions"] = [target | {"message": said, "lastTransitionTime": now()}]
         self.core.patch_namespaced_pod_status(pod.metadata.name, self.namespace, {"status": status})
+        name: str = pod.metadata.name
+        return name
 
     def ready_pod(self, job: str) -> None:
         pod = self.job_pod(job)
@@ -516,8 +535,8 @@ def test_a_run_waits_for_its_pool_then_preflights_then_trains_then_fails(
         "TrainerFailed",
     } <= (eventually("events", lambda: runs.event_reasons("life") or None))
     table = kube.kubectl("get", "trainingruns", "-n", runs.namespace).stdout
-    header = ["NAME", "POOL", "PHASE", "NODES", "STEP", "TOTAL", "REWARD", "ETA", "AGE"]
-    assert table.split()[:9] == header
+    header = ["NAME", "POOL", "PHASE", "NODES", "STEP", "TOTAL", "REWARD", "ETA", "RESTARTS", "AGE"]
+    assert table.split()[: len(header)] == header
     assert "Failed" in table
 
 
@@ -554,6 +573,82 @@ def test_a_cpu_run_trains_without_a_gpu_and_an_oom_kill_says_so(
     assert "progress" not in (runs.get("on-cpu") or {})["status"]
     created = eventually("events", lambda: runs.events("on-cpu").get("TrainingCreated"))
     assert created.startswith("created Job on-cpu-train: on CPU, grpo on /models/q")
+
+
+def test_a_disrupted_trainer_is_retried_uncounted_and_the_run_stays_running(
+    kube: ControlPlane, runs: Runs
+) -> None:
+    make_pool_ready(kube, runs)
+    runs.create("resume", preflight={"enabled": False})
+    eventually("the training Job", lambda: runs.job("resume-train"))
+    runs.ready_pod("resume-train")
+    runs.wait_condition("resume", "Running", "True", "TrainingRunning")
+    first = runs.job_pod("resume-train").metadata.name
+    eventually(
+        "the trainer pod followed",
+        lambda: (runs.get("resume") or {})["status"].get("trainerPod") == first or None,
+    )
+
+    def restarts(count: int) -> list[dict[str, Any]]:
+        def probe() -> list[dict[str, Any]] | None:
+            found = (runs.get("resume") or {})["status"].get("restarts") or {}
+            return found["recent"] if found.get("count") == count else None
+
+        return eventually(f"{count} restarts in the run's status", probe)
+
+    # Drained: the Eviction API marks the pod DisruptionTarget; gymkube-train stops on SIGTERM.
+    evicted = runs.finish_pod(
+        "resume-train", 75, disruption=("EvictionByEvictionAPI", "Eviction API: evicting")
+    )
+    (restart,) = restarts(1)
+    assert (restart["pod"], restart["reason"]) == (evicted, "Evicted")
+    assert restart["message"] == f"pod {evicted} was evicted (Eviction API: evicting)"
+    # The Job made another pod and did not count the failure; the run never stopped Running.
+    second = eventually(
+        "the Job's second pod",
+        lambda: next(
+            (p.metadata.name for p in runs.job_pods("resume-train") if p.metadata.name != evicted),
+            None,
+        ),
+    )
+    running = runs.wait_condition("resume", "Running", "True", "TrainerRestarting")
+    assert evicted in running["message"]
+    assert not runs.job("resume-train").status.failed
+    assert runs.get("resume")["status"]["phase"] == "Running"  # type: ignore[index]
+
+    # Deleted: no DisruptionTarget, only gymkube-train's exit code.
+    assert runs.finish_pod("resume-train", 75) == second
+    _, restart = restarts(2)
+    assert (restart["pod"], restart["reason"]) == (second, "Deleted")
+    eventually("the Job's third pod", lambda: len(runs.job_pods("resume-train")) == 3 or None)
+    runs.ready_pod("resume-train")
+    runs.wait_condition("resume", "Running", "True", "TrainingRunning")
+    assert not runs.job("resume-train").status.failed
+    assert "Evicted" in eventually("events", lambda: runs.event_reasons("resume") or None)
+
+    # The trainer's own error still fails the run at once (backoffLimit 0), with its last line.
+    runs.finish_pod("resume-train", 1, "RuntimeError: CUDA error: an illegal memory access")
+    failed = runs.wait_condition("resume", "Failed", "True", "TrainerFailed")
+    assert failed["message"].endswith("code 1: RuntimeError: CUDA error: an illegal memory access")
+    assert (runs.get("resume") or {})["status"]["restarts"]["count"] == 2
+    # Columns without a value print blank: the RESTARTS column is read where its header is.
+    header, row = kube.kubectl(
+        "get", "trainingrun", "resume", "-n", runs.namespace
+    ).stdout.splitlines()
+    assert row[header.index("RESTARTS") :].split()[0] == "2"
+
+
+def test_a_wrong_model_path_fails_the_job_at_once_whatever_its_backoff_limit(
+    kube: ControlPlane, runs: Runs
+) -> None:
+    make_pool_ready(kube, runs)
+    runs.create("no-model", backoffLimit=3, preflight={"enabled": False})
+    eventually("the training Job", lambda: runs.job("no-model-train"))
+    said = "model path /models/q does not exist (/models holds: nothing)"
+    runs.finish_pod("no-model-train", 2, said)
+    failed = runs.wait_condition("no-model", "Failed", "True", "TrainerFailed")
+    assert failed["message"] == f"Job no-model-train failed: the trainer exited with code 2: {said}"
+    assert len(runs.job_pods("no-model-train")) == 1
 
 
 def test_a_failed_preflight_fails_the_run_and_asks_for_no_gpu(
@@ -663,6 +758,55 @@ def test_an_operator_killed_mid_run_picks_up_where_it_was(kube: ControlPlane, ru
         "preflight",
         "trainer",
     ]
+
+
+def test_the_recorded_history_is_kept_bounded_across_an_operator_restart(
+    kube: ControlPlane, runs: Runs
+) -> None:
+    make_pool_ready(kube, runs)
+    runs.create("curve", preflight={"enabled": False})
+    eventually("the training Job", lambda: runs.job("curve-train"))
+    runs.ready_pod("curve-train")
+    runs.wait_condition("curve", "Running", "True", "TrainingRunning")
+    pod = runs.job_pod("curve-train").metadata.name
+    # No kubelet serves the trainer's log here: the steps an operator recorded from it are
+    # written as it writes them.
+    steps = [
+        {
+            "step": n,
+            "meanReward": n / 4,
+            "stepSeconds": 31.5,
+            "episodes": 16,
+            "episodesExcluded": 1,
+            "episodesReplayed": 0,
+            "time": f"2026-12-01T10:0{n}:00Z",
+        }
+        for n in (1, 2, 3)
+    ]
+    history = {"pod": pod, "steps": steps}
+
+    def patch_history(recorded: dict[str, Any]) -> None:
+        runs.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, runs.namespace, PLURAL, "curve", {"status": {"history": recorded}}
+        )
+
+    patch_history(history)
+    # The API server holds the bound: no more than status.history can keep.
+    too_many = [{"step": n} for n in range(1, HISTORY_STEPS + 2)]
+    with pytest.raises(kubernetes.client.ApiException) as refused:
+        patch_history({"pod": pod, "steps": too_many})
+    assert refused.value.status == 422
+    assert f"must have at most {HISTORY_STEPS} items" in str(refused.value.body)
+
+    runs.operator.kill()
+    runs.operator = runs.start_operator()
+    # The new operator's reconciles write the status (the trainer finishing) and keep every field.
+    runs.finish_pod("curve-train", 0)
+    runs.wait_condition("curve", "Succeeded", "True", "TrainingSucceeded")
+    assert (runs.get("curve") or {})["status"]["history"] == history
+    jsonpath = "{range .status.history.steps[*]}{.step} {.meanReward}{'\\n'}{end}"
+    printed = kube.kubectl("get", "tr", "curve", "-n", runs.namespace, "-o", f"jsonpath={jsonpath}")
+    assert printed.stdout.splitlines() == ["1 0.25", "2 0.5", "3 0.75"]
 
 
 def test_ttl_deletes_the_finished_run_and_its_children(kube: ControlPlane, runs: Runs) -> None:

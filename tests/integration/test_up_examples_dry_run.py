@@ -7,6 +7,7 @@ import pytest
 from controlplane import ControlPlane
 from gymkube_dev import CHART
 from gymkube_dev.examples import example_objects
+from operator_support import wait_for_crds
 
 pytestmark = pytest.mark.integration
 
@@ -14,10 +15,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def crds(kube: ControlPlane) -> None:
     kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
-    kube.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s",
-        "crd/envpools.gymkube.io", "crd/trainingruns.gymkube.io",
-    )  # fmt: skip
+    wait_for_crds(kube)
 
 
 @pytest.mark.parametrize("small", [False, True], ids=["as-written", "small-node"])

@@ -7,8 +7,11 @@ Register it through the agent-loop YAML (Ray workers only import what the YAML n
       env_url: http://sciworld.envs:8000
 
 Each dataset row names its task by `item_id` (`<env>_<data_idx>`) and may pick a prompt
-template with `extra_info.template`. `run` never raises: env failures end the trajectory with
-reward 0 and say why in `extra_fields["env_ending"]` / `["env_detail"]`.
+template with `extra_info.template`. An episode verl can train on comes back as an
+`AgentLoopOutput` whose `extra_fields["env_ending"]` says how it ended. One that cannot be trained
+on (its env failed for good, its row is bad, or the model never took a turn) raises
+`EpisodeExcluded` instead: verl's transfer-queue worker then leaves it out of its GRPO group, so
+it never stands in the group's baseline as a made-up reward of 0.
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ from verl.utils.rollout_trace import rollout_trace_op
 
 from gymkube_agentloop.client import EnvCallError, EnvClient, fetch_tasks
 from gymkube_agentloop.episode import Ending, EnvEpisode, Turn
+from gymkube_agentloop.episode_log import EpisodeRecord, append_record
 from gymkube_agentloop.protocol import TasksReply, validation_problems
+from gymkube_agentloop.replay import ReplayStats
 from gymkube_agentloop.rows import AGENT_NAME, parse_item_id
 from gymkube_agentloop.settings import AgentLoopSettings, RewardMode
 from gymkube_agentloop.templates import (
@@ -69,6 +74,26 @@ _Merged = tuple[Any, list[int], list[float] | None]
 
 class BadRowError(ValueError):
     """A dataset row this loop cannot run."""
+
+
+# Endings of episodes verl trains on; every other ending excludes the episode.
+TRAINABLE_ENDINGS = frozenset({Ending.DONE, Ending.MAX_TURNS, Ending.RESPONSE_LENGTH})
+
+
+class EpisodeExcluded(Exception):
+    """An episode gymkube hands verl nothing for.
+
+    verl's transfer-queue worker (`trainer.use_v1`, verl's default) logs it and drops just this
+    episode: its group's advantages are computed over the episodes that did finish, and a group
+    left with none is replaced by a fresh prompt (`trainer.v1.sampler.sync_refill_failed_groups`,
+    which the operator sets).
+    """
+
+    def __init__(self, item_id: str, ending: Ending, detail: str, extra_fields: dict[str, Any]):
+        super().__init__(f"episode {item_id} excluded from training ({ending}): {detail}")
+        self.ending = ending
+        self.detail = detail
+        self.extra_fields = extra_fields
 
 
 def _plain(value: Any) -> Any:
@@ -180,28 +205,34 @@ class GymkubeEnvAgentLoop(AgentLoopBase):
             rollout.ending = Ending.ENV_LOST if exc.code == "unreachable" else Ending.ENV_ERROR
             rollout.detail = f"GET /tasks: {exc}"
         except Exception as exc:
-            # verl gathers trajectories without return_exceptions: one raise fails the whole step.
+            # A fault of the loop itself excludes just this episode, as an env fault does.
             logger.exception("gymkube_env trajectory %s failed", rollout.item_id)
             rollout.ending, rollout.detail = Ending.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"
-        if rollout.ending not in (Ending.DONE, Ending.MAX_TURNS, Ending.RESPONSE_LENGTH):
+        # Done at reset, or no room to generate: no action of the policy to train either.
+        excluded = rollout.ending not in TRAINABLE_ENDINGS or not any(rollout.response_mask)
+        if excluded and not rollout.detail:
+            rollout.detail = "the episode ended before the model's first turn"
+        extra_fields = self._extra_fields(rollout)
+        extra_info = _plain(kwargs.get("extra_info")) or {}
+        append_record(
+            EpisodeRecord(
+                step=int(kwargs.get("global_steps") or 0),
+                validation=bool(extra_info.get("validation", False)),
+                ending=str(rollout.ending),
+                excluded=excluded,
+                replays=extra_fields["env_replays"],
+                canary_failures=extra_fields["env_replay_canary_failures"],
+            )
+        )
+        if excluded:
             logger.warning(
-                "gymkube_env trajectory %s ended early (%s): %s",
+                "gymkube_env episode %s excluded from training (%s): %s",
                 rollout.item_id,
                 rollout.ending,
                 rollout.detail,
             )
-        if not rollout.runtime_ids:
-            rollout.runtime_ids = await self._prompt_without_episode(rollout, kwargs)
-        return self._output(rollout)
-
-    async def _prompt_without_episode(self, rollout: _Rollout, fields: dict[str, Any]) -> list[int]:
-        """Prompt ids for a trajectory that never got its task, so verl still has a sample."""
-        messages = rollout.messages or _plain(fields.get("raw_prompt")) or []
-        try:
-            return list(await self.ct_build_initial_tokens([dict(m) for m in messages]))
-        except Exception:
-            logger.exception("gymkube_env trajectory %s: prompt does not tokenize", rollout.item_id)
-            return []
+            raise EpisodeExcluded(rollout.item_id, rollout.ending, rollout.detail, extra_fields)
+        return self._output(rollout, extra_fields)
 
     # verl's Continuous Token helpers hand each merge to the default thread pool. The assistant
     # merge is a list concatenation and the context merge of a short observation two short
@@ -402,24 +433,39 @@ class GymkubeEnvAgentLoop(AgentLoopBase):
             item_id, env, data_idx, name, template, opening, int(seed) if seed is not None else None
         )
 
-    def _output(self, rollout: _Rollout) -> AgentLoopOutput:
+    def _output(self, rollout: _Rollout, extra_fields: dict[str, Any]) -> AgentLoopOutput:
+        """The trained episode as verl takes it: at least one response token, one reward."""
         mask = rollout.response_mask
         split = len(rollout.runtime_ids) - len(mask)
         prompt_ids = rollout.runtime_ids[:split]
         response_ids = rollout.runtime_ids[split:]
+        episode = rollout.episode
+        assert episode is not None, "a trainable episode has played"
+        return AgentLoopOutput(
+            prompt_ids=prompt_ids,
+            response_ids=response_ids[: self.response_length],
+            response_mask=mask[: self.response_length],
+            response_logprobs=(
+                rollout.response_logprobs[: self.response_length]
+                if rollout.response_logprobs or rollout.wants_logprobs
+                else None
+            ),
+            reward_score=episode.reward(best=self.settings.reward is RewardMode.BEST),
+            num_turns=len(rollout.messages) - rollout.opening_length,
+            metrics=rollout.metrics,
+            extra_fields=extra_fields,
+        )
+
+    def _extra_fields(self, rollout: _Rollout) -> dict[str, Any]:
+        """What the episode was, for verl's extra_fields (and an excluded episode's report)."""
         episode, client = rollout.episode, rollout.client
-        failed = rollout.ending in (Ending.ENV_LOST, Ending.ENV_ERROR, Ending.INTERNAL_ERROR)
-        if failed and self.settings.mask_failed_trajectories:
-            mask = [0] * len(mask)
-        reward = 0.0
-        if episode is not None and not failed:
-            reward = episode.reward(best=self.settings.reward is RewardMode.BEST)
         stats = client.stats if client is not None else None
         step_latencies = stats.latencies_s.get("step", []) if stats is not None else []
         env_latency = stats.total_latency_s if stats is not None else 0.0
         rollout.metrics["tool_calls"] = env_latency
         rollout.metrics.setdefault("num_preempted", -1)
         env_errors = dict(stats.errors) if stats is not None else {}
+        replays = episode.replays if episode is not None else ReplayStats()
         extra_fields: dict[str, Any] = {
             "env_item_id": rollout.item_id,
             "env_ending": str(rollout.ending),
@@ -431,26 +477,18 @@ class GymkubeEnvAgentLoop(AgentLoopBase):
             "env_step_latency_s": step_latencies,
             "env_errors": env_errors,
             "env_retries": dict(stats.retries) if stats is not None else {},
+            "env_replays": replays.replays,
+            "env_replay_canary_failures": replays.canary_failures,
+            "env_replay_seconds": replays.seconds,
             "min_global_steps": min(rollout.global_steps, default=0),
             "max_global_steps": max(rollout.global_steps, default=0),
             # Numeric per-trajectory values verl logs next to the reward (validation metrics).
             "reward_extra_info": {
                 "env_steps": float(episode.steps if episode is not None else 0),
                 "env_errors": float(sum(env_errors.values())),
-                "env_failed": float(failed),
+                "env_replays": float(replays.replays),
+                "env_replay_canary_failures": float(replays.canary_failures),
+                "env_replay_seconds": replays.seconds,
             },
         }
-        return AgentLoopOutput(
-            prompt_ids=prompt_ids,
-            response_ids=response_ids[: self.response_length],
-            response_mask=mask[: self.response_length],
-            response_logprobs=(
-                rollout.response_logprobs[: self.response_length]
-                if rollout.response_logprobs or rollout.wants_logprobs
-                else None
-            ),
-            reward_score=reward,
-            num_turns=len(rollout.messages) - rollout.opening_length,
-            metrics=rollout.metrics,
-            extra_fields=extra_fields,
-        )
+        return extra_fields

@@ -41,6 +41,18 @@ from gymkube_agentloop.protocol import (
 RETRYABLE_STATUSES = frozenset({502, 503, 504})
 
 
+class ReplaySettings(BaseModel):
+    """When and how far an episode whose session was lost is rebuilt on another server."""
+
+    enabled: bool = Field(
+        default=True, description="False: a lost session ends its episode (env_lost)."
+    )
+    max_replays: int = Field(default=2, ge=0, description="Replays one episode may start.")
+    budget_s: float = Field(
+        default=60.0, gt=0, description="Seconds one episode's replays may take together."
+    )
+
+
 class EnvClientSettings(BaseModel):
     """Timeouts and retry budget of env calls."""
 
@@ -50,6 +62,7 @@ class EnvClientSettings(BaseModel):
     lost_after_s: float = Field(default=1.0, ge=0)
     backoff_initial_s: float = Field(default=0.05, gt=0)
     backoff_max_s: float = Field(default=5.0, gt=0)
+    replay: ReplaySettings = Field(default_factory=ReplaySettings)
 
 
 class EnvCallError(Exception):
@@ -71,6 +84,12 @@ class EnvCallError(Exception):
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}" if self.message else self.code
+
+    @property
+    def session_gone(self) -> bool:
+        """The call's session no longer exists anywhere: lost (410), unknown to its server (404),
+        or its server unreachable."""
+        return isinstance(self, EnvSessionLost) or self.status == 404 or self.code == "unreachable"
 
 
 class EnvSessionLost(EnvCallError):
@@ -188,10 +207,15 @@ class EnvClient:
         payload = await self._call("POST", "/create", body, idempotent=True)
         return str(_parse(CreateReply, "/create", payload).id)
 
-    async def reset(self, session_id: str, data_idx: int, seed: int | None = None) -> ResetReply:
+    async def reset(
+        self, session_id: str, data_idx: int, seed: int | None = None, *, replay: bool = False
+    ) -> ResetReply:
+        """Start an episode; ``replay`` tells the server it rebuilds one whose session was lost."""
         body: dict[str, Any] = {"id": session_id, "data_idx": data_idx}
         if seed is not None:
             body["seed"] = seed
+        if replay:
+            body["replay"] = True
         payload = await self._call("POST", "/reset", body, idempotent=True, has_session=True)
         return _parse(ResetReply, "/reset", payload)
 

@@ -2,7 +2,8 @@
 
 Each row carries the opening messages of its prompt template (`prompt`), the agent loop that
 plays it (`agent_name`), the task (`item_id` = `<env>_<data_idx>`) and `extra_info` (`index`,
-`split`, `data_idx`, `template`, `task_name`). verl hands every column to the agent loop.
+`split`, `data_idx`, `template`, `task_name`, `validation`). verl hands every column to the agent
+loop.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def build_rows(
     template_name: str,
     template: PromptTemplate,
     agent_name: str = AGENT_NAME,
+    validation: bool = False,
 ) -> list[dict[str, Any]]:
     indices = tasks.indices(split)
     if not indices:
@@ -73,6 +75,8 @@ def build_rows(
                 "data_idx": data_idx,
                 "template": template_name,
                 "task_name": tasks.task_name(data_idx),
+                # Validation episodes are not counted in a training step's episode figures.
+                "validation": validation,
             },
         }
         for index, data_idx in enumerate(sample_indices(indices, size, seed))
@@ -90,6 +94,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, required=True, help="parquet file to write")
     add_template_arguments(parser)
     parser.add_argument("--agent-name", default=AGENT_NAME, help=f"default {AGENT_NAME}")
+    parser.add_argument(
+        "--validation", action="store_true", help="rows of verl's validation set (data.val_files)"
+    )
     return parser.parse_args(argv)
 
 
@@ -109,6 +116,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             template_name=template_name,
             template=template,
             agent_name=args.agent_name,
+            validation=args.validation,
         )
     except ValueError as exc:
         fail(PROG, str(exc), EXIT_BAD_INPUT)

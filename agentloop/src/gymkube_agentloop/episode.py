@@ -1,7 +1,8 @@
 """One env episode driven by replies: create, reset, step per reply, close.
 
 Shared by the verl agent loop (replies come from the model) and the preflight runner (replies
-come from a scripted policy), so both exercise the same client, templates and parser.
+come from a scripted policy), so both exercise the same client, templates and parser. Its
+session is a `ReplayedSession`: one lost mid-episode is rebuilt on another server unseen.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from types import TracebackType
 
-from gymkube_agentloop.client import EnvCallError, EnvClient, EnvSessionLost
+from gymkube_agentloop.client import EnvCallError, EnvClient
 from gymkube_agentloop.protocol import ScoreScale
+from gymkube_agentloop.replay import ReplayedSession, ReplayStats
 from gymkube_agentloop.templates import PromptTemplate
 
 logger = logging.getLogger(__name__)
@@ -56,12 +58,10 @@ class EnvEpisode:
         score_scale: ScoreScale,
         seed: int | None = None,
     ) -> None:
-        self.client = client
         self.template = template
         self.data_idx = data_idx
         self.score_scale = score_scale
-        self.seed = seed
-        self.session_id: str | None = None
+        self.session = ReplayedSession(client, data_idx, seed)
         self.score = 0.0
         self.best_score = 0.0
         self.steps = 0
@@ -82,8 +82,7 @@ class EnvEpisode:
     async def start(self) -> Turn:
         """Create a session and reset it to the task; the turn's observation is the task message."""
         try:
-            self.session_id = await self.client.create()
-            reply = await self.client.reset(self.session_id, self.data_idx, seed=self.seed)
+            reply = await self.session.start()
         except EnvCallError as exc:
             return self._failed("", exc)
         self.score = self.best_score = reply.score
@@ -92,12 +91,10 @@ class EnvEpisode:
 
     async def step(self, reply_text: str) -> Turn:
         """Send the action in a model reply; the turn's observation is the next user message."""
-        if self.session_id is None:
-            raise RuntimeError("step() before a successful start()")
         action = self.template.parse_action(reply_text)
         self.steps += 1
         try:
-            reply = await self.client.step(self.session_id, action)
+            reply = await self.session.step(action)
         except EnvCallError as exc:
             if exc.status == 422:
                 # The env rejected the action itself: tell the model, as an observation.
@@ -111,6 +108,11 @@ class EnvEpisode:
         message = self.template.observation_message(reply.observation)
         return Turn(action=action, observation=message, done=reply.done)
 
+    @property
+    def replays(self) -> ReplayStats:
+        """Replays of its lost sessions so far."""
+        return self.session.stats
+
     def reward(self, best: bool = False) -> float:
         """The episode's score normalised to 0..1 (final or best); 0 when the env failed."""
         if self.failure is not None:
@@ -118,18 +120,13 @@ class EnvEpisode:
         return self.score_scale.normalise(self.best_score if best else self.score)
 
     async def close(self) -> None:
-        if self.session_id is None:
-            return
-        session_id, self.session_id = self.session_id, None
         deadline = LOST_CLOSE_DEADLINE_S if self.failure is Ending.ENV_LOST else None
         try:
-            await self.client.close(session_id, deadline_s=deadline)
+            await self.session.close(deadline_s=deadline)
         except EnvCallError as exc:
             # The pool reaps sessions it does not hear from; a failed close only delays that.
-            logger.warning("closing env session %s failed: %s", session_id, exc)
+            logger.warning("closing an env session of data_idx %d failed: %s", self.data_idx, exc)
 
     def _failed(self, action: str, exc: EnvCallError) -> Turn:
-        # A session the server does not know (404) is as gone as a lost one (410).
-        lost = isinstance(exc, EnvSessionLost) or exc.status == 404 or exc.code == "unreachable"
-        self.failure = Ending.ENV_LOST if lost else Ending.ENV_ERROR
+        self.failure = Ending.ENV_LOST if exc.session_gone else Ending.ENV_ERROR
         return Turn(action=action, observation="", done=True, ending=self.failure, detail=str(exc))

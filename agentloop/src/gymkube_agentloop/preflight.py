@@ -47,6 +47,7 @@ class EpisodeResult:
     reward: float
     steps: int
     stats: CallStats
+    replays: int
 
 
 async def play_episode(
@@ -63,7 +64,13 @@ async def play_episode(
             turn = await episode.step(template.reply_for(policy.act(turn.observation)))
     ending = turn.ending or (Ending.DONE if turn.done else Ending.MAX_TURNS)
     return EpisodeResult(
-        data_idx, ending, turn.detail, episode.reward(), episode.steps, client.stats
+        data_idx,
+        ending,
+        turn.detail,
+        episode.reward(),
+        episode.steps,
+        client.stats,
+        episode.replays.replays,
     )
 
 
@@ -97,6 +104,7 @@ def summarise(results: list[EpisodeResult], args: argparse.Namespace) -> dict[st
         "endings": dict(Counter(str(r.ending) for r in results)),
         "env_errors": dict(errors),
         "retries": dict(retries),
+        "replays": sum(r.replays for r in results),
         # The operator keeps this report in a 4 KiB termination message: the first few suffice.
         "failures": [
             {"data_idx": r.data_idx, "ending": str(r.ending), "detail": r.detail[:DETAIL_CHARS]}

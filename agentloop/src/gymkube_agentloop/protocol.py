@@ -78,6 +78,8 @@ class TasksReply(_Reply):
     tasks: list[TaskRange] = []
     # split name -> the data_idx values in it
     splits: dict[str, list[int]] = {}
+    # Whether a lost session's episode may be rebuilt elsewhere; servers that do not say are not.
+    replayable: bool = False
 
     def indices(self, split: str) -> list[int]:
         """The data_idx values of a split."""

@@ -46,10 +46,6 @@ class AgentLoopSettings(BaseSettings):
         "default rollout.multi_turn.max_tool_response_length.",
     )
     reward: RewardMode = RewardMode.FINAL
-    mask_failed_trajectories: bool = Field(
-        default=True,
-        description="Zero the response mask of trajectories the env failed, so they train nothing.",
-    )
     env_client: EnvClientSettings = Field(
         default_factory=EnvClientSettings, description="Timeouts and retry budget of env calls."
     )

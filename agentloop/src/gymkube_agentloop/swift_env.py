@@ -10,8 +10,9 @@ Load it with ``--external_plugins`` (this file's path) and point dataset rows at
      "env_config": {"name": "gymkube", "base_url": "http://sciworld.default:8080", "data_idx": 7}}
 
 Each trajectory is one pool session over gymkube's HTTP protocol: ``reset`` creates and resets
-it, ``step`` sends the model's last reply as the action, ``close`` closes it. Rewards are the
-env's own per-step rewards, so ms-swift's ``total_reward`` is the episode's score.
+it, ``step`` sends the model's last reply as the action, ``close`` closes it. A session lost
+mid-trajectory is replayed on another server (``gymkube_agentloop.replay``). Rewards are the env's
+own per-step rewards, so ms-swift's ``total_reward`` is the episode's score.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from swift.rollout.gym_env import Env, envs
 
 from gymkube_agentloop.client import EnvClient
+from gymkube_agentloop.replay import ReplayedSession
 
 ENV_NAME = "gymkube"
 """The ``env_config.name`` (or ``--gym_env``) that selects this plugin."""
@@ -58,32 +60,35 @@ class GymkubeEnv(Env):  # type: ignore[misc]  # ms-swift ships no type informati
             )
             raise ValueError(f"invalid gymkube env_config: {problems}") from None
         self.client = EnvClient(self.config.base_url)
-        self.session_id: str | None = None
+        self.session: ReplayedSession | None = None
 
     async def reset(self, config: Any) -> tuple[str, dict[str, Any], str]:
         """Open a session and start its episode: (observation, info, system message)."""
         await self.close()
-        self.session_id = await self.client.create(self.config.env_config or None)
-        reply = await self.client.reset(self.session_id, self.config.data_idx, self.config.seed)
+        self.session = ReplayedSession(
+            self.client, self.config.data_idx, self.config.seed, self.config.env_config or None
+        )
+        reply = await self.session.start()
         system = self.config.system_message
         if system is None:
             system, observation = reply.task_description, reply.observation
         else:
             observation = f"{reply.task_description}\n{reply.observation}".strip()
-        info = {"session": self.session_id, "data_idx": self.config.data_idx}
+        info = {"session": self.session.session_id, "data_idx": self.config.data_idx}
         return observation, info, system
 
     async def step(self, action: list[dict[str, Any]]) -> tuple[str, float, bool, dict[str, Any]]:
         """Play the model's last reply: (next observation, reward, done, info)."""
-        if self.session_id is None:
+        if self.session is None:
             raise RuntimeError("step before reset")
-        reply = await self.client.step(self.session_id, str(action[-1]["content"]))
-        return reply.observation, reply.reward, reply.done, {"score": reply.score}
+        reply = await self.session.step(str(action[-1]["content"]))
+        info = {"score": reply.score, "replays": self.session.stats.replays}
+        return reply.observation, reply.reward, reply.done, info
 
     async def close(self) -> None:
-        session_id, self.session_id = self.session_id, None
-        if session_id is not None:
-            await self.client.close(session_id)
+        session, self.session = self.session, None
+        if session is not None:
+            await session.close()
 
 
 envs[ENV_NAME] = GymkubeEnv

@@ -6,8 +6,11 @@ The operator starts every one-node TrainingRun through it. Before training it ch
 model path holds a model, so a wrong path fails in a second, not after Ray and vLLM have started.
 While the trainer runs, its output passes through unchanged, and every step verl's FileLogger
 records becomes one `gymkube-progress {json}` line (step, total steps, mean reward, step times,
-ETA, last checkpoint) that the operator copies into the run's status. When the trainer fails, its
+ETA, last checkpoint, the step this trainer resumed from, and the step's episodes from the agent
+loop's episode log) that the operator copies into the run's status. When the trainer fails, its
 own last error line goes to the termination log, where Kubernetes keeps it in the pod status.
+On SIGTERM (its pod is deleted or evicted) it stops the trainer and exits with EXIT_STOPPED, which
+the Job retries without counting it as a failure.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import dataclasses
 import datetime
 import json
 import os
@@ -28,18 +32,32 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
+
+from gymkube_agentloop.episode_log import EPISODE_LOG_ENV, EpisodeRecord
 
 PROG = "gymkube-train"
 PROGRESS_PREFIX = "gymkube-progress "
+# The exit codes the training Job's podFailurePolicy acts on (the operator names them too, in
+# gymkube_operator.trainingrun.command; a test holds the two equal).
+# Stopped on SIGTERM: its pod was deleted. sysexits' EX_TEMPFAIL; the Job retries it uncounted.
+EXIT_STOPPED = 75
+# The trainer cannot start from its input (a wrong model path): the Job fails at once.
 EXIT_BAD_INPUT = 2
+# After SIGTERM the trainer has this long to stop before it is killed: within the 30 s Kubernetes
+# gives a pod, so that the pod still ends with EXIT_STOPPED, not the kubelet's SIGKILL.
+STOP_SECONDS = 20.0
 # What verl's FileLogger writes (verl/utils/tracking.py), one JSON object a step.
 METRICS_ENV = "VERL_FILE_LOGGER_PATH"
 # verl's own line at the start of training (verl/trainer/ppo/v1/trainer_base.py).
 TOTAL_STEPS = re.compile(r"Total training steps: (\d+)")
 # verl's checkpoint manager records the newest step here, in the run's default_local_dir.
 LATEST_CHECKPOINT = "latest_checkpointed_iteration.txt"
+# Where verl's trainer starts (verl/trainer/ppo/v1/trainer_base.py, _load_checkpoint).
+RESUME_MODE = "trainer.resume_mode"
+RESUME_PATH = "trainer.resume_from_path"
+CHECKPOINT_STEP = re.compile(r"global_step_(\d+)")
 # Metric names in verl 0.9.1's step metrics.
 MEAN_SCORE = "critic/score/mean"
 STEP_TIME = "timing_s/step"
@@ -70,6 +88,11 @@ class TrainingProgress(BaseModel):
     checkpoint_step: int | None = None
     checkpoint: str | None = None
     time: str
+    resumed_from_step: int | None = None
+    episodes: int | None = None
+    episodes_replayed: int | None = None
+    episodes_excluded: int | None = None
+    replay_canary_failures: int | None = None
 
     def line(self) -> str:
         body = self.model_dump(by_alias=True, exclude_none=True)
@@ -90,6 +113,45 @@ def latest_checkpoint(checkpoint_dir: Path) -> tuple[int | None, str | None]:
     return step, str(checkpoint_dir / f"global_step_{step}")
 
 
+def _override(command: Sequence[str], key: str) -> str | None:
+    """The value the trainer's command line gives a Hydra key (the last one wins, as in Hydra)."""
+    found = None
+    for arg in command:
+        name, sep, value = arg.lstrip("+").partition("=")
+        if sep and name == key:
+            found = value.strip("'\"")
+    return found
+
+
+def resumed_step(command: Sequence[str], checkpoint_dir: Path) -> int:
+    """The step verl will start from, as its resume_mode says: the newest checkpoint (auto, the
+    default), the one named (resume_path), or 0 (disable, or no checkpoint yet)."""
+    mode = _override(command, RESUME_MODE) or "auto"
+    if mode == "resume_path":
+        named = CHECKPOINT_STEP.search(_override(command, RESUME_PATH) or "")
+        return int(named.group(1)) if named else 0
+    step, directory = latest_checkpoint(checkpoint_dir)
+    if mode != "auto" or step is None or directory is None or not Path(directory).is_dir():
+        return 0
+    return step
+
+
+@dataclasses.dataclass
+class StepEpisodes:
+    """One training step's episodes, counted from the agent loop's episode log."""
+
+    episodes: int = 0
+    replayed: int = 0
+    excluded: int = 0
+    canary_failures: int = 0
+
+    def add(self, record: EpisodeRecord) -> None:
+        self.episodes += 1
+        self.replayed += record.replays > 0
+        self.excluded += record.excluded
+        self.canary_failures += record.canary_failures
+
+
 def progress_of(
     record: dict[str, Any],
     *,
@@ -97,6 +159,8 @@ def progress_of(
     step_times: Sequence[float],
     checkpoint: tuple[int | None, str | None],
     now: datetime.datetime,
+    resumed_from_step: int | None = None,
+    episodes: StepEpisodes | None = None,
 ) -> TrainingProgress | None:
     """The progress line for one FileLogger record (None for a record without a step)."""
     step, metrics = record.get("step"), record.get("data")
@@ -117,6 +181,11 @@ def progress_of(
         checkpoint_step=checkpoint[0],
         checkpoint=checkpoint[1],
         time=now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        resumed_from_step=resumed_from_step,
+        episodes=episodes.episodes if episodes else None,
+        episodes_replayed=episodes.replayed if episodes else None,
+        episodes_excluded=episodes.excluded if episodes else None,
+        replay_canary_failures=episodes.canary_failures if episodes else None,
     )
 
 
@@ -148,18 +217,49 @@ def model_problem(model_path: str | None) -> str | None:
     return None
 
 
-class Reporter:
-    """Passes the trainer's output through and turns its FileLogger records into progress."""
+class GrowingFile:
+    """A file another process appends lines to, read a whole line at a time as it grows."""
 
-    def __init__(self, out: IO[str], checkpoint_dir: Path, metrics_file: Path) -> None:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+
+    def new_lines(self) -> list[bytes]:
+        """The complete lines appended since the last call (none while the file is missing)."""
+        try:
+            with self.path.open("rb") as handle:
+                handle.seek(self._offset)
+                data = handle.read()
+        except OSError:
+            return []
+        complete = data[: data.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        return complete.splitlines()
+
+
+class Reporter:
+    """Passes the trainer's output through and turns its FileLogger records, with the episodes
+    of each step from the episode log, into progress."""
+
+    def __init__(
+        self,
+        out: IO[str],
+        checkpoint_dir: Path,
+        metrics_file: Path,
+        episode_log: Path,
+        resumed_from_step: int | None = None,
+    ) -> None:
         self.out = out
         self.checkpoint_dir = checkpoint_dir
-        self.metrics_file = metrics_file
+        self.metrics = GrowingFile(metrics_file)
+        self.episode_log = GrowingFile(episode_log)
+        self.resumed_from_step = resumed_from_step
         self.tail: collections.deque[str] = collections.deque(maxlen=200)
         self.total_steps: int | None = None
         self.step_times: list[float] = []
+        # Training episodes by the step they were generated for, until that step is reported.
+        self.episodes: dict[int, StepEpisodes] = collections.defaultdict(StepEpisodes)
         self._lock = threading.Lock()
-        self._offset = 0
 
     def write(self, line: str) -> None:
         with self._lock:
@@ -173,17 +273,23 @@ class Reporter:
             self.tail.append(line)
             self.write(line)
 
-    def poll_metrics(self) -> None:
+    def count_episodes(self) -> None:
+        """Count the training episodes the agent loop logged since the last call."""
+        for raw in self.episode_log.new_lines():
+            try:
+                episode = EpisodeRecord.model_validate_json(raw)
+            except ValidationError:
+                continue
+            if not episode.validation:
+                self.episodes[episode.step].add(episode)
+
+    def poll(self) -> None:
         """Report every record verl appended since the last call."""
-        try:
-            with self.metrics_file.open("rb") as handle:
-                handle.seek(self._offset)
-                data = handle.read()
-        except OSError:
-            return
-        complete = data[: data.rfind(b"\n") + 1]
-        self._offset += len(complete)
-        for raw in complete.splitlines():
+        # Records first: a step's episodes are all logged before verl records the step, so read
+        # after its record, the episode log holds them.
+        records = self.metrics.new_lines()
+        self.count_episodes()
+        for raw in records:
             try:
                 record = json.loads(raw)
             except ValueError:
@@ -193,12 +299,15 @@ class Reporter:
             step_time = _number(record.get("data") or {}, STEP_TIME)
             if step_time is not None:
                 self.step_times.append(step_time)
+            step = record.get("step")
             progress = progress_of(
                 record,
                 total_steps=self.total_steps,
                 step_times=self.step_times,
                 checkpoint=latest_checkpoint(self.checkpoint_dir),
                 now=datetime.datetime.now(datetime.UTC),
+                resumed_from_step=self.resumed_from_step,
+                episodes=self.episodes.pop(step, None) if isinstance(step, int) else None,
             )
             if progress is not None:
                 self.write(progress.line())
@@ -221,10 +330,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help=f"where verl's FileLogger writes (${METRICS_ENV}; default: a file in /tmp)",
     )
     parser.add_argument(
+        "--episode-log",
+        type=Path,
+        help=f"where the agent loop logs episodes (${EPISODE_LOG_ENV}; default: a file in /tmp)",
+    )
+    parser.add_argument(
         "--termination-log", type=Path, default=Path("/dev/termination-log"), help="(Kubernetes)"
     )
     parser.add_argument(
         "--poll-seconds", type=float, default=2.0, help="how often to read the metrics file"
+    )
+    parser.add_argument(
+        "--stop-seconds",
+        type=float,
+        default=STOP_SECONDS,
+        help="how long the trainer has to stop after SIGTERM before it is killed",
     )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the trainer's command")
     args = parser.parse_args(argv)
@@ -241,30 +361,53 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {problem}", file=sys.stderr)
         write_termination_message(args.termination_log, problem)
         return EXIT_BAD_INPUT
-    metrics_file: Path = args.metrics_file or Path(f"/tmp/gymkube-train-{os.getpid()}.jsonl")
-    metrics_file.unlink(missing_ok=True)
+    # Files the wrapper picks for itself are removed when the trainer ends (outside a pod, /tmp
+    # stays); either kind starts empty.
+    scratch: list[Path] = []
+
+    def file_for(given: Path | None, kind: str) -> Path:
+        path = given or Path(f"/tmp/gymkube-train-{os.getpid()}-{kind}.jsonl")
+        if given is None:
+            scratch.append(path)
+        path.unlink(missing_ok=True)
+        return path
+
+    metrics_file = file_for(args.metrics_file, "metrics")
+    episode_log = file_for(args.episode_log, "episodes")
     try:
-        return _supervise(args, metrics_file)
+        return _supervise(args, metrics_file, episode_log)
     finally:
-        if args.metrics_file is None:  # the wrapper's own scratch file (outside a pod, /tmp stays)
-            metrics_file.unlink(missing_ok=True)
+        for path in scratch:
+            path.unlink(missing_ok=True)
 
 
-def _supervise(args: argparse.Namespace, metrics_file: Path) -> int:
+def exit_code_of(code: int) -> int:
+    """The wrapper's exit code for a trainer that ended by itself with `code`."""
+    if code < 0:  # killed by a signal, as a shell says it
+        return 128 - code
+    # The Job would retry EXIT_STOPPED forever without counting it: the trainer's own is a failure.
+    return 1 if code == EXIT_STOPPED else code
+
+
+def _supervise(args: argparse.Namespace, metrics_file: Path, episode_log: Path) -> int:
     """Run the trainer, turning its metrics into progress lines, until it exits."""
-    reporter = Reporter(sys.stdout, args.checkpoint_dir, metrics_file)
+    resumed = resumed_step(args.command, args.checkpoint_dir)
+    reporter = Reporter(sys.stdout, args.checkpoint_dir, metrics_file, episode_log, resumed)
     child = subprocess.Popen(
         args.command,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         errors="replace",
-        env={**os.environ, METRICS_ENV: str(metrics_file)},
+        env={**os.environ, METRICS_ENV: str(metrics_file), EPISODE_LOG_ENV: str(episode_log)},
         start_new_session=True,
     )
+    stop_asked: float | None = None
 
     def forward(signum: int, _: object) -> None:
         # The pod is stopping: the whole trainer (Ray and its workers) goes with it.
+        nonlocal stop_asked
+        stop_asked = stop_asked or time.monotonic()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(child.pid, signum)
 
@@ -274,18 +417,26 @@ def _supervise(args: argparse.Namespace, metrics_file: Path) -> int:
     reader = threading.Thread(target=reporter.passthrough, args=(child.stdout,), daemon=True)
     reader.start()
     while child.poll() is None:
-        reporter.poll_metrics()
+        if stop_asked is not None and time.monotonic() - stop_asked > args.stop_seconds:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+        reporter.poll()
         time.sleep(args.poll_seconds)
     reader.join(timeout=10)
-    reporter.poll_metrics()
+    reporter.poll()
     code = child.returncode
+    if code != 0 and stop_asked is not None:
+        reason = f"stopped on SIGTERM (its pod is being deleted); the trainer exited with {code}"
+        write_termination_message(args.termination_log, reason)
+        print(f"{PROG}: {reason}", file=sys.stderr)
+        return EXIT_STOPPED
     if code != 0:
         reason = last_error_line(reporter.tail)
         if code < 0:
             reason = f"{reason} (the trainer was killed by signal {-code})"
         write_termination_message(args.termination_log, reason)
         print(f"{PROG}: the trainer exited with {code}: {reason}", file=sys.stderr)
-        return code if code > 0 else 128 - code
+        return exit_code_of(code)
     return 0
 
 

@@ -7,6 +7,7 @@ nothing imports this module. Each fix says which verl or vLLM line it answers.
 """
 
 import contextlib
+import dataclasses
 import importlib.metadata
 import os
 import sys
@@ -16,6 +17,7 @@ from typing import Any
 
 import torch
 import torch.distributed
+import torch.distributed.fsdp
 import torch.nn.functional as F
 from verl.plugin.platform.platform_base import PlatformBase
 from verl.plugin.platform.platform_manager import PlatformRegistry
@@ -273,6 +275,31 @@ def keep_plain_weights(method: Any) -> None:
     method.apply = apply
 
 
+@dataclasses.dataclass
+class UnpinnedCPUOffloadPolicy(torch.distributed.fsdp.CPUOffloadPolicy):
+    """FSDP2's CPU offload without pinned memory, whatever the caller asks.
+
+    verl/workers/engine/fsdp/transformer_impl.py:462 shards every forward-only model (the
+    reference policy of a run with a KL loss or a KL reward) with
+    ``CPUOffloadPolicy(pin_memory=True)``; pinning needs CUDA, so the reference model fails to
+    start ("Found no NVIDIA driver"). Without an accelerator the parameters are in host memory
+    anyway.
+    """
+
+    def __post_init__(self) -> None:
+        self.pin_memory = False
+
+
+def _unpin_offload_policy() -> None:
+    # verl.utils.fsdp_utils imports the name from torch.distributed.fsdp, and the FSDP engine
+    # from fsdp_utils; either may already hold torch's class.
+    holders = ("verl.utils.fsdp_utils", "verl.workers.engine.fsdp.transformer_impl")
+    for name in ("torch.distributed.fsdp", *holders):
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, "CPUOffloadPolicy"):
+            module.__dict__["CPUOffloadPolicy"] = UnpinnedCPUOffloadPolicy
+
+
 def _patch_vllm() -> None:
     try:
         from vllm.model_executor.layers.linear import UnquantizedLinearMethod
@@ -294,6 +321,7 @@ def install() -> None:
         torch.distributed.init_process_group
     )
     torch.distributed.new_group = _with_collapsed_backend(torch.distributed.new_group)
+    _unpin_offload_policy()
     _patch_vllm()
 
 

@@ -5,30 +5,36 @@ Namespaced mode: the same rules in a Role per watched namespace, and no cluster-
 tests/integration/test_packaging.py checks these rules against the operator's needs.
 */}}
 {{- define "gymkube.operatorRules" -}}
-# kopf watches EnvPools and TrainingRuns and patches its finalizer and progress annotations onto
-# them; a TrainingRun reads the EnvPool it names.
+# kopf watches EnvPools, TrainingRuns and EvalRuns and patches its finalizer and progress
+# annotations onto them; a TrainingRun or EvalRun reads the EnvPool it names, and an EvalRun the
+# TrainingRun whose checkpoint it scores.
 - apiGroups: ["gymkube.io"]
-  resources: ["envpools", "trainingruns"]
+  resources: ["envpools", "trainingruns", "evalruns"]
   verbs: ["get", "list", "watch", "patch"]
-# A finished TrainingRun with ttlSecondsAfterFinished deletes itself.
+# A finished TrainingRun or EvalRun with ttlSecondsAfterFinished deletes itself.
 - apiGroups: ["gymkube.io"]
-  resources: ["trainingruns"]
+  resources: ["trainingruns", "evalruns"]
   verbs: ["delete"]
-# Conditions, replica counts, the pool URL, restarts and preflight results.
+# Conditions, replica counts, the pool URL, restarts, preflight results and eval scores.
 - apiGroups: ["gymkube.io"]
-  resources: ["envpools/status", "trainingruns/status"]
+  resources: ["envpools/status", "trainingruns/status", "evalruns/status"]
   verbs: ["patch"]
 # Children carry blockOwnerDeletion owner references; clusters that enforce owner-reference
 # permissions (the OwnerReferencesPermissionEnforcement admission plugin) require this.
 - apiGroups: ["gymkube.io"]
-  resources: ["envpools/finalizers", "trainingruns/finalizers"]
+  resources: ["envpools/finalizers", "trainingruns/finalizers", "evalruns/finalizers"]
   verbs: ["update"]
 # An EnvPool's env-server StatefulSet and router Deployment: server-side applied, and indexed and
 # watched to compute the pool's status.
 - apiGroups: ["apps"]
   resources: ["statefulsets", "deployments"]
   verbs: ["list", "watch", "create", "patch"]
-# The pool and backends Services, and a TrainingRun's agent-loop ConfigMap: server-side applied.
+# A deleted EnvPool's StatefulSet goes first, so its pods can be stopped without being replaced.
+- apiGroups: ["apps"]
+  resources: ["statefulsets"]
+  verbs: ["delete"]
+# The pool and backends Services, a TrainingRun's agent-loop ConfigMap, and an EvalRun's
+# agent-loop and per-task results ConfigMaps: server-side applied.
 - apiGroups: [""]
   resources: ["services", "configmaps"]
   verbs: ["create", "patch"]
@@ -42,25 +48,26 @@ tests/integration/test_packaging.py checks these rules against the operator's ne
   resources: ["networkpolicies"]
   verbs: ["get", "create", "patch", "delete"]
 # The watchdog indexes env-server pods and deletes hung or worn-out ones (their StatefulSet
-# recreates them); a TrainingRun lists its Job's pods to report why they failed.
+# recreates them); a TrainingRun or EvalRun lists its Job's pods to report why they failed.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch", "delete"]
-# A running TrainingRun reads the tail of its trainer's log for the progress lines it prints.
+# A running TrainingRun reads the tail of its trainer's log for the progress lines it prints; an
+# EvalRun reads gymkube-eval's for its progress and its result with the per-task scores.
 - apiGroups: [""]
   resources: ["pods/log"]
   verbs: ["get"]
-# Preflight and training Jobs (one node) and RayJobs (several nodes): server-side applied, read
-# back, watched for completion, and patched to suspend or resume them.
+# Preflight, training (one node) and eval Jobs, and RayJobs (several nodes): server-side applied,
+# read back, watched for completion, and patched to suspend or resume them.
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: ["ray.io"]
   resources: ["rayjobs"]
   verbs: ["get", "list", "watch", "create", "patch"]
-# kopf and the operator report transitions as Events on the EnvPool or TrainingRun; the watchdog
-# lists the Events of an env-server pod restarted and not up again (a startup-probe kill shows only
-# there).
+# kopf and the operator report transitions as Events on the EnvPool, TrainingRun or EvalRun; the
+# watchdog lists the Events of an env-server pod restarted and not up again (a startup-probe kill
+# shows only there).
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "list"]

@@ -27,6 +27,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("batch/v1", "Job"): "jobs",
     (API_VERSION, "EnvPool"): "envpools",
     (API_VERSION, "TrainingRun"): "trainingruns",
+    (API_VERSION, "EvalRun"): "evalruns",
     ("ray.io/v1", "RayJob"): "rayjobs",
 }
 
@@ -133,13 +134,17 @@ class KubeClient:
         name: str,
         uid: str | None = None,
         grace_period_seconds: int | None = None,
+        propagation_policy: str | None = None,
     ) -> bool:
-        """Delete one object (only if it is still the one with this uid); False if it was gone."""
+        """Delete one object (only if it is still the one with this uid); False if it was gone.
+        propagation_policy: Orphan, Background or Foreground (None: the kind's default)."""
         body: Object = {"kind": "DeleteOptions", "apiVersion": "v1"}
         if uid:
             body["preconditions"] = {"uid": uid}
         if grace_period_seconds is not None:
             body["gracePeriodSeconds"] = grace_period_seconds
+        if propagation_policy is not None:
+            body["propagationPolicy"] = propagation_policy
         try:
             await self._request(
                 "DELETE", resource_path(api_version, kind, namespace, name), body=body

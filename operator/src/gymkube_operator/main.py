@@ -1,5 +1,5 @@
-"""`gymkube-operator`: run the EnvPool and TrainingRun operator with settings from GYMKUBE_*
-variables."""
+"""`gymkube-operator`: run the EnvPool, TrainingRun and EvalRun operator with settings from
+GYMKUBE_* variables."""
 
 import asyncio
 import contextlib
@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from gymkube_operator.envpool import handlers as envpool_handlers
 from gymkube_operator.envpool.prober import AddressResolver
+from gymkube_operator.evalrun import handlers as evalrun_handlers
 from gymkube_operator.runtime import Runtime
 from gymkube_operator.settings import OperatorSettings
 from gymkube_operator.trainingrun import handlers as trainingrun_handlers
@@ -26,7 +27,11 @@ class QuietWakers(logging.Filter):
 
     SILENT = frozenset(
         f"Handler {name!r} succeeded."
-        for name in (envpool_handlers.POOL_WAKER, *trainingrun_handlers.RUN_WAKERS)
+        for name in (
+            envpool_handlers.POOL_WAKER,
+            *trainingrun_handlers.RUN_WAKERS,
+            *evalrun_handlers.EVAL_WAKERS,
+        )
     )
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -71,6 +76,7 @@ def build_registry(runtime: Runtime) -> kopf.OperatorRegistry:
 
     envpool_handlers.register(registry, runtime)
     trainingrun_handlers.register(registry, runtime)
+    evalrun_handlers.register(registry, runtime)
     return registry
 
 

@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+import torch
 from gymkube_agentloop.templates import BUILTIN_TEMPLATES, template_for_env
 from gymkube_dev.ports import free_port
 from omegaconf import OmegaConf
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from verl.experimental.agent_loop.agent_loop import (
     AgentLoopOutput,
     AgentLoopWorker,
@@ -126,6 +127,38 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     )
     wrapped.chat_template = CHAT_TEMPLATE
     return wrapped
+
+
+def build_tiny_qwen2(
+    directory: Path, logit_weights: dict[str, float], *, hidden_size: int, layers: int
+) -> None:
+    """A tiny random Qwen2 (build_tokenizer's vocabulary) saved with its tokenizer in DIRECTORY.
+    Every token embedding shares one component that only the output rows of logit_weights' tokens
+    read, with those weights: which replies it favours, whatever the prompt."""
+    tokenizer = build_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)  # type: ignore[no-untyped-call]
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, 0] = 1.0
+        head = model.lm_head.weight
+        head[:, 0] = 0.0
+        for token, weight in logit_weights.items():
+            head[tokenizer.convert_tokens_to_ids(token), 0] = weight
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
 
 
 class ScriptedLLM:

@@ -13,12 +13,14 @@ from pathlib import Path
 
 import pytest
 from agentloop_harness import EnvServer, Router, ScriptedLLM, instantiate_loop, run_row
+from gymkube_agentloop.agent_loop import EpisodeExcluded
 from gymkube_dev.ports import free_port
 from transformers import PreTrainedTokenizerFast
 
 pytestmark = pytest.mark.unit
 
 WINNING_TASK, WINNING_REPLIES = "frozen_lake_3", ["<action>down</action>"] * 2
+NO_REPLAY = "  env_client:\n    replay:\n      enabled: false\n"
 REFUSED_CREATES = re.compile(
     r'^gymkube_envserver_requests_total\{(?=.*"/create")(?=.*"at_capacity").*\} (\S+)$',
     re.MULTILINE,
@@ -47,7 +49,8 @@ async def test_a_server_killed_mid_episode_ends_the_trajectory_within_two_second
     agent_yaml: Callable[..., Path],
 ) -> None:
     server = start_env_server("frozen_lake")
-    agent_yaml(server.url)
+    # Replay off: how fast a loss is seen (replays: test_agentloop_replay.py).
+    agent_yaml(server.url, NO_REPLAY)
     killed_at: list[float] = []
 
     def kill_before_second_reply(turn: int) -> None:
@@ -56,21 +59,21 @@ async def test_a_server_killed_mid_episode_ends_the_trajectory_within_two_second
             killed_at.append(time.monotonic())
 
     llm = ScriptedLLM(tokenizer, ["<action>left</action>"], on_generate=kill_before_second_reply)
-    output = await run_row(instantiate_loop("gymkube_env", llm, tokenizer), "frozen_lake_5")
+    with pytest.raises(EpisodeExcluded) as excluded:
+        await run_row(instantiate_loop("gymkube_env", llm, tokenizer), "frozen_lake_5")
     ended_after = time.monotonic() - killed_at[0]
 
     assert ended_after < 2.0
-    assert output.reward_score == 0.0
-    assert output.extra_fields["env_ending"] == "env_lost"
+    # Not a made-up reward of 0 for verl: the episode is left out, and says why.
+    assert excluded.value.ending == "env_lost"
+    fields = excluded.value.extra_fields
+    assert fields["env_ending"] == "env_lost"
     # Whether the kept-alive connection was seen closed before the step was sent is a race.
-    reason, _, where = output.extra_fields["env_detail"].partition(": ")
+    reason, _, where = fields["env_detail"].partition(": ")
     assert reason in {"unreachable", "disconnected"}
     assert "/step" in where
     # The step, then one quick attempt at closing the session.
-    assert output.extra_fields["env_errors"] == Counter({reason: 1}) + Counter({"unreachable": 1})
-    # What the model said before the env died is kept but trains nothing.
-    assert len(output.response_ids) > 0
-    assert set(output.response_mask) == {0}
+    assert fields["env_errors"] == Counter({reason: 1}) + Counter({"unreachable": 1})
 
 
 async def test_a_backend_dying_behind_the_router_ends_the_trajectory_as_session_lost(
@@ -82,7 +85,7 @@ async def test_a_backend_dying_behind_the_router_ends_the_trajectory_as_session_
     router = Router(backend)
     try:
         router.wait_ready(30)
-        agent_yaml(router.url)
+        agent_yaml(router.url, NO_REPLAY)
         killed_at: list[float] = []
 
         def kill_backend_before_second_reply(turn: int) -> None:
@@ -93,17 +96,17 @@ async def test_a_backend_dying_behind_the_router_ends_the_trajectory_as_session_
         llm = ScriptedLLM(
             tokenizer, ["<action>left</action>"], on_generate=kill_backend_before_second_reply
         )
-        output = await run_row(instantiate_loop("gymkube_env", llm, tokenizer), "frozen_lake_5")
+        with pytest.raises(EpisodeExcluded) as excluded:
+            await run_row(instantiate_loop("gymkube_env", llm, tokenizer), "frozen_lake_5")
         ended_after = time.monotonic() - killed_at[0]
     finally:
         router.kill()
 
     assert ended_after < 2.0
-    assert output.reward_score == 0.0
-    assert output.extra_fields["env_ending"] == "env_lost"
+    assert excluded.value.ending == "env_lost"
     # The router knows the session's backend is gone and says so: 410, no retries.
-    assert output.extra_fields["env_errors"] == {"session_lost": 1}
-    assert output.extra_fields["env_retries"] == {}
+    assert excluded.value.extra_fields["env_errors"] == {"session_lost": 1}
+    assert excluded.value.extra_fields["env_retries"] == {}
 
 
 async def test_a_full_pool_is_waited_out_as_its_retry_after_says(
@@ -143,11 +146,11 @@ async def test_an_unreachable_pool_ends_the_trajectory_after_the_retry_deadline(
     agent_yaml(url, "  env_client:\n    retry_deadline_s: 0.5\n")
     llm = ScriptedLLM(tokenizer, WINNING_REPLIES)
     started = time.monotonic()
-    output = await run_row(instantiate_loop("gymkube_env", llm, tokenizer), WINNING_TASK)
+    with pytest.raises(EpisodeExcluded) as excluded:
+        await run_row(instantiate_loop("gymkube_env", llm, tokenizer), WINNING_TASK)
 
     assert time.monotonic() - started < 2.0
-    assert output.reward_score == 0.0
-    assert output.extra_fields["env_ending"] == "env_lost"
-    assert url in output.extra_fields["env_detail"]
-    assert output.response_ids == []
+    assert excluded.value.ending == "env_lost"
+    assert url in excluded.value.detail
+    # The model was never asked: there was no task to show it.
     assert llm.calls == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +16,7 @@ from agentloop_harness import (
     run_row,
     verl_postprocess,
 )
-from gymkube_agentloop.agent_loop import TRUNCATION_MARK
+from gymkube_agentloop.agent_loop import TRUNCATION_MARK, EpisodeExcluded
 from gymkube_agentloop.policies import FrozenLakeShortestPath
 from gymkube_agentloop.templates import BUILTIN_TEMPLATES
 from transformers import PreTrainedTokenizerFast
@@ -127,20 +128,20 @@ async def test_observations_are_cut_to_the_token_budget(
     assert output.extra_fields["env_steps"] == 2
 
 
-async def test_a_bad_row_ends_the_trajectory_without_raising(
+async def test_a_bad_row_is_excluded_with_its_reason(
     frozen_lake: EnvServer,
     tokenizer: PreTrainedTokenizerFast,
     agent_yaml: Callable[..., Path],
 ) -> None:
     agent_yaml(frozen_lake.url)
     llm = ScriptedLLM(tokenizer, WINNING_REPLIES)
-    output = await run_row(instantiate_loop("gymkube_env", llm, tokenizer), "frozen_lake_99999")
+    with pytest.raises(EpisodeExcluded) as excluded:
+        await run_row(instantiate_loop("gymkube_env", llm, tokenizer), "frozen_lake_99999")
 
-    assert output.reward_score == 0.0
-    assert output.extra_fields["env_ending"] == "bad_input"
-    assert "0..9999" in output.extra_fields["env_detail"]
-    assert output.response_ids == []
-    assert output.prompt_ids
+    assert excluded.value.ending == "bad_input"
+    assert "0..9999" in excluded.value.detail
+    assert "frozen_lake_99999" in str(excluded.value)
+    assert excluded.value.extra_fields["env_ending"] == "bad_input"
     assert llm.calls == []
 
 
@@ -149,27 +150,39 @@ async def test_trajectories_pass_through_verls_batching_with_the_reward_on_the_l
     tokenizer: PreTrainedTokenizerFast,
     agent_yaml: Callable[..., Path],
 ) -> None:
-    agent_yaml(frozen_lake.url)
+    agent_yaml(frozen_lake.url, "  max_turns: 2\n")
     opening = BUILTIN_TEMPLATES["frozen_lake"].opening()
     rows = [
         {"item_id": WINNING_TASK, "raw_prompt": opening, "index": 0},
-        {"item_id": "frozen_lake_99999", "raw_prompt": opening, "index": 1},
+        {"item_id": "frozen_lake_5", "raw_prompt": opening, "index": 1},
+        {"item_id": "frozen_lake_99999", "raw_prompt": opening, "index": 2},
     ]
+    replies = [WINNING_REPLIES, ["<action>left</action>"], WINNING_REPLIES]
     outputs = []
-    for row in rows:
-        loop = instantiate_loop("gymkube_env", ScriptedLLM(tokenizer, WINNING_REPLIES), tokenizer)
-        outputs.append(await loop.run(dict(SAMPLING), **row))
-    batch = await verl_postprocess(outputs, rows, tokenizer)
+    for row, script in zip(rows, replies, strict=True):
+        loop = instantiate_loop("gymkube_env", ScriptedLLM(tokenizer, script), tokenizer)
+        with contextlib.suppress(EpisodeExcluded):
+            outputs.append(await loop.run(dict(SAMPLING), **row))
+    # verl is handed only the episodes it can train on: the bad row raised instead.
+    assert len(outputs) == 2
+    batch = await verl_postprocess(outputs, rows[:2], tokenizer)
 
     rm_scores = batch.batch["rm_scores"]
     won_length = len(outputs[0].response_ids)
     assert rm_scores[0, won_length - 1] == 1.0
     assert rm_scores[0].sum() == 1.0
     assert rm_scores[1].sum() == 0.0
-    assert batch.batch["response_mask"][0].sum() == sum(outputs[0].response_mask)
-    assert list(batch.non_tensor_batch["env_ending"]) == ["done", "bad_input"]
-    assert list(batch.non_tensor_batch["env_steps"]) == [2, 0]
-    assert batch.meta_info["reward_extra_keys"] == ["env_steps", "env_errors", "env_failed"]
+    for position, output in enumerate(outputs):
+        assert batch.batch["response_mask"][position].sum() == sum(output.response_mask) > 0
+    assert list(batch.non_tensor_batch["env_ending"]) == ["done", "max_turns"]
+    assert list(batch.non_tensor_batch["env_steps"]) == [2, 2]
+    assert batch.meta_info["reward_extra_keys"] == [
+        "env_steps",
+        "env_errors",
+        "env_replays",
+        "env_replay_canary_failures",
+        "env_replay_seconds",
+    ]
 
 
 @pytest.mark.parametrize("observation_chars", [100, 5000], ids=["inline", "in-thread"])

@@ -60,3 +60,9 @@ class GuessNumberEnvOnce(GuessNumberEnv):
     """The same game from a plugin that says its instances must not serve a second session."""
 
     reusable = False
+
+
+class GuessNumberEnvUnreplayable(GuessNumberEnv):
+    """The same game from a plugin that says a lost episode must not be replayed."""
+
+    replayable = False

@@ -223,3 +223,24 @@ async def test_metrics_count_ended_episodes_with_the_score_each_ended_on() -> No
         text = (await client.get("/metrics")).text
     assert "gymkube_envserver_episodes_total 2.0" in text
     assert "gymkube_envserver_episode_score_total 1.0" in text
+
+
+async def test_a_classic_layout_starts_top_left_and_ends_bottom_right() -> None:
+    async with asgi_client() as client:
+        maps = set()
+        for data_idx in range(12):
+            config = {"size": 3, "p": 0.7, "layout": "classic"}
+            session, first = await new_episode(client, data_idx=data_idx, env_config=config)
+            grid = grid_of(first["observation"])
+            assert grid[0][0] == "P"
+            assert grid[2][2] == "G"
+            maps.add(first["observation"])
+            for move in shortest_path(grid):
+                action = f"<action>{move}</action>"
+                body = (await client.post("/step", json={"id": session, "action": action})).json()
+            assert body["info"]["outcome"] == "goal"
+            await client.post("/close", json={"id": session})
+        # The holes still vary with the seed.
+        assert len(maps) > 4
+        bad = await client.post("/create", json={"env_config": {"layout": "spiral"}})
+        assert bad.status_code == 422

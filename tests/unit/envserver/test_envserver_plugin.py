@@ -144,3 +144,9 @@ async def test_an_env_call_that_hangs_loses_its_session_instead_of_hanging() -> 
         assert after.status_code == 404
         assert "lost" in after.json()["error"]["message"]
         assert (await client.get("/status")).json()["active"] == 0
+
+
+@pytest.mark.parametrize(("suffix", "replayable"), [("", True), ("Unreplayable", False)])
+async def test_a_plugin_says_whether_it_is_replayable(suffix: str, replayable: bool) -> None:
+    async with asgi_client(env=f"{PLUGIN}{suffix}") as client:
+        assert (await client.get("/tasks")).json()["replayable"] is replayable

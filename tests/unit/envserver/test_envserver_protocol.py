@@ -249,3 +249,16 @@ async def test_metrics_name_openenvs_http_endpoints() -> None:
         text = (await client.get("/metrics")).text
         assert 'gymkube_envserver_requests_total{code="ok",endpoint="/health"} 1.0' in text
         assert 'endpoint="other"' not in text
+
+
+async def test_a_replay_reset_plays_the_same_episode_and_is_counted() -> None:
+    async with asgi_client() as client:
+        assert (await client.get("/tasks")).json()["replayable"] is True
+        session = (await client.post("/create")).json()["id"]
+        first = (await client.post("/reset", json={"id": session, "data_idx": 7})).json()
+        replay = {"id": session, "data_idx": 7, "replay": True}
+        replayed = (await client.post("/reset", json=replay)).json()
+        assert replayed["observation"] == first["observation"]
+        assert (await client.get("/status")).json()["replays"] == 1
+        metrics = (await client.get("/metrics")).text
+        assert "gymkube_envserver_replays_total 1.0" in metrics

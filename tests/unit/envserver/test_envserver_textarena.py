@@ -88,3 +88,31 @@ async def test_a_given_back_game_env_starts_the_next_session_on_a_fresh_board() 
         assert app.state.manager.sessions[second].instance is env
         again = (await client.post("/reset", json={"id": second, "seed": 5})).json()
         assert sudoku_grid(again["observation"]) == sudoku_grid(board)
+
+
+async def test_interleaved_games_draw_what_a_game_alone_draws() -> None:
+    """2048 spawns a random tile after each move: a replayed episode (same seed, same moves)
+    sees the same tiles however other sessions' games interleave with it on the server."""
+    moves = ["[up]", "[left]", "[down]", "[right]", "[up]", "[left]"]
+    async with asgi_client(env="textarena:2048-v0-train") as client:
+
+        async def opened(data_idx: int) -> tuple[str, str]:
+            session = (await client.post("/create")).json()["id"]
+            reset = await client.post("/reset", json={"id": session, "data_idx": data_idx})
+            return session, reset.json()["observation"]
+
+        async def step(session: str, move: str) -> str:
+            reply = await client.post("/step", json={"id": session, "action": move})
+            observation: str = reply.json()["observation"]
+            return observation
+
+        alone, first = await opened(5)
+        played_alone = [first] + [await step(alone, move) for move in moves]
+        replayed, first_again = await opened(5)
+        other, _ = await opened(6)
+        played_again = [first_again]
+        for move in moves:
+            await step(other, move)
+            played_again.append(await step(replayed, move))
+
+    assert played_again == played_alone

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import gymkube_agentloop.swift_env as plugin
 import pytest
+from gymkube_agentloop.client import close_shared_session
 from router_harness import Procs, active_sessions, wait_all
 from swift.infer_engine.protocol import (
     ChatCompletionResponseChoice,
@@ -19,6 +20,8 @@ from swift.utils.utils import import_external_file
 pytestmark = pytest.mark.unit
 
 MOVES = ["right", "down", "left", "down", "right", "up"]
+# Task 39's 4x4 map: the goal is eight moves from the start.
+LONG_WALK = ["up", "right", "up", "up", "left", "left", "left", "down"]
 
 
 def _choice(text: str) -> ChatCompletionResponseChoice:
@@ -63,6 +66,36 @@ async def test_gym_scheduler_plays_pool_episodes_with_a_scripted_model(procs: Pr
     assert len(totals) == 4
     assert all(total in (0.0, 1.0) for total in totals)
     assert sum(active_sessions(b) for b in backends) == 0
+
+
+async def test_a_trajectory_whose_server_is_killed_is_replayed_on_the_other(procs: Procs) -> None:
+    backends = [procs.env_server(max_sessions=2), procs.env_server(max_sessions=2)]
+    router = procs.router_for(backends)
+    wait_all(*backends, router)
+    config = {"name": "gymkube", "base_url": router.url, "data_idx": 39}
+
+    async def play(kill_before: int | None) -> tuple[list[str], dict[str, object]]:
+        env = plugin.GymkubeEnv(config)
+        observation, _, _ = await env.reset(None)
+        seen, info = [observation], {}
+        for number, move in enumerate(LONG_WALK, 1):
+            if number == kill_before:
+                live = [b for b in backends if b.popen is not None and b.popen.poll() is None]
+                next(b for b in live if active_sessions(b)).stop()
+            reply = [{"role": "assistant", "content": f"<action>{move}</action>"}]
+            observation, _, _, info = await env.step(reply)
+            seen.append(observation)
+        await env.close()
+        return seen, info
+
+    try:
+        replayed, info = await play(kill_before=4)
+        uninterrupted, _ = await play(kill_before=None)
+    finally:
+        await close_shared_session()
+    assert replayed == uninterrupted
+    assert "You reached the goal" in replayed[-1]
+    assert info["replays"] == 1
 
 
 def test_bad_env_config_is_a_clear_error() -> None:

@@ -1,12 +1,14 @@
 """`gymkube-train`, the operator's entry point for one-node runs: progress lines from verl's
-FileLogger, the trainer's own last error line in the termination log, a wrong model path refused
-before anything starts. The trainer here is a script writing what verl writes; the real verl run
-is the e2e tier's."""
+FileLogger and the agent loop's episode log, the step a retried trainer resumed from, the trainer's
+own last error line in the termination log, a wrong model path refused before anything starts, and
+SIGTERM (a deleted pod) ending in the exit code the Job retries. The trainer here is a script
+writing what verl writes; the real verl run is the e2e tier's."""
 
 from __future__ import annotations
 
 import datetime
 import json
+import signal
 import subprocess
 import sys
 import textwrap
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from gymkube_agentloop import train
+from gymkube_agentloop.episode_log import EPISODE_LOG_ENV, EpisodeRecord
 
 pytestmark = pytest.mark.unit
 
@@ -178,3 +181,168 @@ def test_a_directory_without_config_is_not_a_model(tmp_path: Path) -> None:
     assert train.model_problem(str(tmp_path)) is None
     # A hub id is the trainer's to check.
     assert train.model_problem("Qwen/Qwen2.5-0.5B-Instruct") is None
+
+
+def test_a_resumed_trainer_says_which_step_it_resumed_from(tmp_path: Path) -> None:
+    checkpoints = tmp_path / "ckpt"
+    trainer = fake_trainer(
+        tmp_path,
+        f"""
+        record = {json.dumps(RECORD)}
+        record["step"] = 4
+        with open(METRICS, "a") as out:
+            out.write(json.dumps(record) + "\\n")
+        """,
+    )
+    args = ("--checkpoint-dir", str(checkpoints), "--poll-seconds", "0.1", "--", *trainer)
+    (fresh,) = progress_lines(run_wrapper(tmp_path, *args).stdout)
+    assert fresh["resumedFromStep"] == 0
+    (checkpoints / "global_step_3").mkdir(parents=True)
+    (checkpoints / train.LATEST_CHECKPOINT).write_text("3")
+    (resumed,) = progress_lines(run_wrapper(tmp_path, *args).stdout)
+    assert (resumed["step"], resumed["resumedFromStep"]) == (4, 3)
+
+
+def test_the_resumed_step_follows_verls_resume_mode(tmp_path: Path) -> None:
+    (tmp_path / "global_step_3").mkdir()
+    (tmp_path / train.LATEST_CHECKPOINT).write_text("3")
+    verl = ["python3", "-m", "verl.trainer.main_ppo", "trainer.total_epochs=1"]
+    assert train.resumed_step(verl, tmp_path) == 3
+    assert train.resumed_step([*verl, "trainer.resume_mode=auto"], tmp_path) == 3
+    assert train.resumed_step([*verl, "trainer.resume_mode=disable"], tmp_path) == 0
+    # The last override wins, as in Hydra.
+    both = [*verl, "trainer.resume_mode=disable", "trainer.resume_mode=auto"]
+    assert train.resumed_step(both, tmp_path) == 3
+    named = [
+        *verl,
+        "trainer.resume_mode=resume_path",
+        "trainer.resume_from_path='/ckpt/other/global_step_7'",
+    ]
+    assert train.resumed_step(named, tmp_path) == 7
+    # verl ignores a recorded step whose directory is missing.
+    (tmp_path / "global_step_3").rmdir()
+    assert train.resumed_step(verl, tmp_path) == 0
+
+
+def episode(step: int, **fields: object) -> str:
+    record = {"step": step, "validation": False, "ending": "done", "excluded": False} | fields
+    return EpisodeRecord.model_validate(record).line()
+
+
+def test_each_step_line_counts_that_steps_training_episodes(tmp_path: Path) -> None:
+    # Step 1: four episodes, one replayed (its canary failed once), one excluded; a validation
+    # episode that does not count. Step 2: no episode log lines (a loop that is not gymkube's).
+    lines = [
+        episode(1),
+        episode(1, replays=1),
+        episode(1, replays=2, canaryFailures=1, ending="env_lost", excluded=True),
+        episode(1, ending="max_turns"),
+        episode(1, validation=True, replays=3, excluded=True),
+    ]
+    trainer = fake_trainer(
+        tmp_path,
+        f"""
+        EPISODES = os.environ[{EPISODE_LOG_ENV!r}]
+        print("episodes", EPISODES, flush=True)
+        with open(EPISODES, "a") as log:
+            log.write({"".join(lines)!r} + "not json\\n")
+        for step in (1, 2):
+            record = {json.dumps(RECORD)}
+            record["step"] = step
+            with open(METRICS, "a") as out:
+                out.write(json.dumps(record) + "\\n")
+            time.sleep(0.3)
+        """,
+    )
+    done = run_wrapper(
+        tmp_path,
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+        "--poll-seconds",
+        "0.1",
+        "--",
+        *trainer,
+    )
+    assert done.returncode == 0, done.stderr
+    first, second = progress_lines(done.stdout)
+    assert {k: v for k, v in first.items() if k.startswith(("episodes", "replay"))} == {
+        "episodes": 4,
+        "episodesReplayed": 2,
+        "episodesExcluded": 1,
+        "replayCanaryFailures": 1,
+    }
+    assert "episodes" not in second
+    # The episode log the wrapper picked for itself is gone afterwards.
+    (log,) = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("episodes ")]
+    assert not Path(log).exists()
+
+
+def test_both_progress_models_have_the_same_fields() -> None:
+    from gymkube_operator.trainingrun.models import TrainingProgress
+
+    assert set(train.TrainingProgress.model_fields) == set(TrainingProgress.model_fields)
+
+
+def start_wrapper(tmp_path: Path, trainer_body: str, *args: str) -> subprocess.Popen[str]:
+    """gymkube-train in the background, once its trainer says it started."""
+    trainer = fake_trainer(tmp_path, trainer_body)
+    wrapper = subprocess.Popen(
+        [sys.executable, "-m", "gymkube_agentloop.train", *args, "--", *trainer],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert wrapper.stdout is not None
+    assert wrapper.stdout.readline().strip() == "started"
+    return wrapper
+
+
+def test_sigterm_stops_the_trainer_and_exits_with_the_code_the_job_retries(
+    tmp_path: Path,
+) -> None:
+    termination = tmp_path / "termination-log"
+    wrapper = start_wrapper(
+        tmp_path,
+        'print("started", flush=True)\ntime.sleep(60)\n',
+        "--checkpoint-dir", str(tmp_path / "ckpt"),
+        "--termination-log", str(termination),
+        "--poll-seconds", "0.1",
+    )  # fmt: skip
+    began = time.monotonic()
+    wrapper.send_signal(signal.SIGTERM)
+    assert wrapper.wait(timeout=30) == train.EXIT_STOPPED
+    assert time.monotonic() - began < 10
+    assert termination.read_text().startswith("stopped on SIGTERM")
+
+
+def test_a_trainer_that_ignores_sigterm_is_killed_and_still_counts_as_stopped(
+    tmp_path: Path,
+) -> None:
+    wrapper = start_wrapper(
+        tmp_path,
+        "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        'print("started", flush=True)\ntime.sleep(60)\n',
+        "--checkpoint-dir", str(tmp_path / "ckpt"),
+        "--termination-log", str(tmp_path / "termination-log"),
+        "--poll-seconds", "0.1",
+        "--stop-seconds", "1",
+    )  # fmt: skip
+    began = time.monotonic()
+    wrapper.send_signal(signal.SIGTERM)
+    assert wrapper.wait(timeout=30) == train.EXIT_STOPPED
+    assert 1 <= time.monotonic() - began < 10
+
+
+def test_the_trainers_own_exit_codes_are_failures_the_job_counts(tmp_path: Path) -> None:
+    assert train.exit_code_of(1) == 1
+    assert train.exit_code_of(-9) == 137
+    # A trainer that itself exits with the stopped code is not a disruption to retry forever.
+    assert train.exit_code_of(train.EXIT_STOPPED) == 1
+    trainer = fake_trainer(tmp_path, f"sys.exit({train.EXIT_STOPPED})\n")
+    done = run_wrapper(
+        tmp_path,
+        "--checkpoint-dir", str(tmp_path / "ckpt"),
+        "--termination-log", str(tmp_path / "termination-log"),
+        "--", *trainer,
+    )  # fmt: skip
+    assert done.returncode == 1

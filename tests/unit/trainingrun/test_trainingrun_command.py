@@ -90,11 +90,60 @@ def test_rendered_overrides_land_in_verls_config(verl_config: Any) -> None:
     assert rollout.multi_turn.max_assistant_turns == 12
     assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (1, 4)
     assert cfg.trainer.default_local_dir == "/checkpoints/sciworld-grpo"
+    # A retried trainer goes on from the newest checkpoint there.
+    assert cfg.trainer.resume_mode == "auto"
     # verl's FileLogger writes the records gymkube-train turns into progress lines.
     assert list(cfg.trainer.logger) == ["console", "file"]
     assert cfg.trainer.device == "cuda"
     # The rollout's padding follows the data budgets verl derives it from.
     assert (rollout.prompt_length, rollout.response_length) == (2048, 8192)
+
+
+def test_kept_checkpoints_have_a_tensorboard_log_and_a_hugging_face_model_on_request(
+    verl_config: Any,
+) -> None:
+    kept = target({"checkpoints": {"persistentVolumeClaim": {"claimName": "ckpt"}}})
+    cfg = verl_config(command.verl_overrides(kept))
+    assert list(cfg.trainer.logger) == ["console", "file", "tensorboard"]
+    # verl's own contents: the Hugging Face copy is asked for (it costs memory in the save).
+    assert list(cfg.actor_rollout_ref.actor.checkpoint.save_contents) == [
+        "model",
+        "optimizer",
+        "extra",
+    ]
+    # In an emptyDir (the default, or named) checkpoints go with the pod: no one could read it.
+    for lost in ({}, {"checkpoints": {"emptyDir": {"sizeLimit": "50Gi"}}}):
+        cfg = verl_config(command.verl_overrides(target(lost)))
+        assert list(cfg.trainer.logger) == ["console", "file"]
+    asked = "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"
+    mine = target({"checkpoints": {"hostPath": {"path": "/ckpt"}}, "overrides": [asked]})
+    saved = verl_config(command.verl_overrides(mine)).actor_rollout_ref.actor.checkpoint
+    assert list(saved.save_contents) == ["model", "optimizer", "extra", "hf_model"]
+    # verl loads only what it resumes from (hf_model is written, never read back).
+    assert {"model", "optimizer", "extra"} <= set(saved.load_contents)
+
+
+def test_verls_tensorboard_logger_writes_where_the_trainer_env_says(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from verl.utils.tracking import Tracking
+
+    spec = TrainingRunSpec.model_validate(
+        {
+            "envPoolRef": {"name": "lake"},
+            "model": {"path": "/models/q"},
+            "checkpoints": {"persistentVolumeClaim": {"claimName": "ckpt"}},
+        }
+    )
+    ((name, value),) = [(e["name"], e["value"]) for e in command.trainer_env("run", spec)]
+    assert (name, value) == (command.TENSORBOARD_ENV, "/checkpoints/run/tensorboard")
+    logdir = tmp_path / "checkpoints" / "run" / "tensorboard"
+    monkeypatch.setenv(name, str(logdir))
+    tracking = Tracking("gymkube", "run", default_backend=["tensorboard"])
+    tracking.log({"critic/score/mean": 0.5}, step=1)
+    tracking.logger["tensorboard"].finish()
+    assert [p.name.split(".")[0] for p in logdir.iterdir()] == ["events"]
+    assert command.trainer_env("run", spec.model_copy(update={"checkpoints": None})) == []
 
 
 def test_user_overrides_come_last_and_win(verl_config: Any) -> None:
@@ -388,11 +437,25 @@ def test_the_progress_line_gymkube_train_prints_is_the_one_the_operator_reads() 
         checkpoint_step=2,
         checkpoint="/checkpoints/run/global_step_2",
         time="2026-12-01T10:00:00Z",
+        resumed_from_step=2,
+        episodes=16,
+        episodes_replayed=3,
+        episodes_excluded=1,
+        replay_canary_failures=1,
     )
     assert readings.PROGRESS_PREFIX == train.PROGRESS_PREFIX
     read = readings.parse_progress(f"(TaskRunner pid=1) step:3\n{printed.line()}\n")
     assert read is not None
+    # Every field the wrapper prints, the operator reads (and none is unset here).
     assert read.to_api() == printed.model_dump(by_alias=True)
+    assert None not in printed.model_dump().values()
+
+
+def test_the_exit_codes_the_jobs_policy_reads_are_the_ones_gymkube_train_uses() -> None:
+    from gymkube_agentloop import train
+
+    assert command.TRAINER_EXIT_STOPPED == train.EXIT_STOPPED
+    assert command.TRAINER_EXIT_BAD_INPUT == train.EXIT_BAD_INPUT
 
 
 def test_the_cpu_environment_holds_what_gymkube_cpu_support_for_verl_needs() -> None:

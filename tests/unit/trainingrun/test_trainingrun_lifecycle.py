@@ -7,10 +7,11 @@ from typing import Any
 import pytest
 from gymkube_operator.conditions import MAX_LINE
 from gymkube_operator.objects import Object
-from gymkube_operator.trainingrun import lifecycle, readings
+from gymkube_operator.trainingrun import lifecycle, readings, restarts
 from gymkube_operator.trainingrun.command import Run
 from gymkube_operator.trainingrun.lifecycle import Observed, Plan
 from gymkube_operator.trainingrun.models import (
+    RECENT_RESTARTS,
     Phase,
     TrainingProgress,
     TrainingRunSpec,
@@ -281,10 +282,10 @@ def test_ttl_counts_from_completion() -> None:
         ttlSecondsAfterFinished=60,
     )
     assert done.wake_after == 60
-    assert not done.delete_run
+    assert not done.delete_expired
     later = NOW + datetime.timedelta(seconds=61)
     expired = step(Observed(pool=None), done.status, now=later, ttlSecondsAfterFinished=60)
-    assert expired.delete_run
+    assert expired.delete_expired
 
 
 def test_suspend_before_the_child_holds_everything() -> None:
@@ -671,3 +672,309 @@ def test_a_preflight_log_tail_is_one_line_in_the_condition() -> None:
     )
     assert plan.status.preflight is not None
     assert plan.status.preflight.message == tail.strip()
+
+
+# Restarts: the training Job retries a disrupted trainer in a new pod (its podFailurePolicy); the
+# run follows the trainer's pod, records why one ended and the step the next resumed from.
+
+
+def a_pod(
+    name: str,
+    *,
+    phase: str = "Running",
+    created: str = "2026-05-01T11:00:00Z",
+    exit_code: int | None = None,
+    disruption: tuple[str, str] | None = None,
+    deleted: bool = False,
+    **terminated: Any,
+) -> Object:
+    """A trainer pod as the kubelet and the controllers leave it."""
+    state = {"running": {}}
+    if exit_code is not None:
+        state = {"terminated": {"exitCode": exit_code, "finishedAt": "2026-05-01T11:58:00Z"}}
+        state["terminated"].update(terminated)
+    conditions = []
+    if disruption is not None:
+        reason, said = disruption
+        conditions.append(
+            {
+                "type": "DisruptionTarget",
+                "status": "True",
+                "reason": reason,
+                "message": said,
+                "lastTransitionTime": "2026-05-01T11:57:00Z",
+            }
+        )
+    metadata: dict[str, Any] = {"name": name, "creationTimestamp": created}
+    if deleted:
+        metadata["deletionTimestamp"] = "2026-05-01T11:57:30Z"
+    return {
+        "metadata": metadata,
+        "status": {
+            "phase": phase,
+            "conditions": conditions,
+            "containerStatuses": [{"name": "trainer", "state": state}],
+        },
+    }
+
+
+def replacing_job(*conditions: tuple[str, str], **status: Any) -> Object:
+    return job(
+        "grpo-train", *conditions, active=1, ready=0, startTime="2026-05-01T11:00:00Z", **status
+    )
+
+
+def running_on(
+    pod: Object, previous: TrainingRunStatus, log: str | None = None, **fields: Any
+) -> Plan:
+    return step(
+        Observed(pool=pool(), training=running_job(), trainer_pod=pod, trainer_log=log),
+        previous,
+        **fields,
+    )
+
+
+def test_an_evicted_trainer_is_restarted_and_the_run_stays_running() -> None:
+    first = running_on(a_pod("grpo-train-a"), started())
+    assert first.status.trainer_pod == "grpo-train-a"
+    assert first.status.restarts is not None
+    assert first.status.restarts.count == 0
+    # A drain evicts it: Kubernetes marks it DisruptionTarget and deletes it.
+    evicting = a_pod(
+        "grpo-train-a",
+        disruption=("EvictionByEvictionAPI", "Eviction API: evicting"),
+        deleted=True,
+    )
+    evicted = step(
+        Observed(pool=pool(), training=replacing_job(), trainer_pod=evicting), first.status
+    )
+    assert evicted.status.phase == Phase.RUNNING
+    assert condition(evicted, "Running") == ("True", "TrainerRestarting")
+    assert condition(evicted, "Failed") == ("False", "Running")
+    restarts = evicted.status.restarts
+    assert restarts is not None
+    assert restarts.count == 1
+    (restart,) = restarts.recent
+    assert (restart.pod, restart.reason, restart.time) == (
+        "grpo-train-a",
+        "Evicted",
+        "2026-05-01T11:57:00Z",
+    )
+    assert restart.message == "pod grpo-train-a was evicted (Eviction API: evicting)"
+    assert restart.resumed_from_step is None
+    assert message(evicted, "Running") == (
+        "Job grpo-train restarts its trainer: pod grpo-train-a was evicted (Eviction API: evicting)"
+    )
+    (event,) = evicted.events
+    assert (event.type, event.reason) == ("Warning", "Evicted")
+    assert event.message.startswith("pod grpo-train-a was evicted (Eviction API: evicting); ")
+
+    # The pod is gone, the Job made another: the same restart, counted once, no new Event.
+    pending = a_pod("grpo-train-b", phase="Pending", created="2026-05-01T11:58:00Z")
+    replaced = step(
+        Observed(pool=pool(), training=replacing_job(), trainer_pod=pending), evicted.status
+    )
+    assert replaced.status.trainer_pod == "grpo-train-b"
+    assert replaced.status.restarts == restarts
+    assert condition(replaced, "Running") == ("True", "TrainerRestarting")
+    assert replaced.events == []
+
+    # The new trainer resumed from its checkpoint: the restart says from which step.
+    line = progress_line(5, resumedFromStep=4)
+    back = running_on(a_pod("grpo-train-b", created="2026-05-01T11:58:00Z"), replaced.status, line)
+    assert condition(back, "Running") == ("True", "TrainingRunning")
+    assert back.status.restarts is not None
+    assert back.status.restarts.recent[0].resumed_from_step == 4
+    assert back.status.progress is not None
+    assert back.status.progress.resumed_from_step == 4
+    assert back.events == []
+
+
+@pytest.mark.parametrize(
+    ("cause", "reason"),
+    [
+        ("EvictionByEvictionAPI", "Evicted"),
+        ("PreemptionByScheduler", "Preempted"),
+        ("DeletionByPodGC", "NodeLost"),
+        ("DeletionByTaintManager", "NodeTainted"),
+        ("TerminationByKubelet", "TerminatedByKubelet"),
+        ("SomethingNew", "Disrupted"),
+    ],
+)
+def test_each_disruption_is_named_from_the_pods_disruption_target(cause: str, reason: str) -> None:
+    first = running_on(a_pod("grpo-train-a"), started())
+    ended = a_pod("grpo-train-a", phase="Failed", exit_code=75, disruption=(cause, "said so"))
+    plan = step(Observed(pool=pool(), training=replacing_job(), trainer_pod=ended), first.status)
+    assert plan.status.restarts is not None
+    (restart,) = plan.status.restarts.recent
+    assert restart.reason == reason
+    assert restart.message.endswith("(said so)")
+
+
+def test_a_deleted_trainer_is_named_by_gymkube_trains_exit_code_or_its_deletion() -> None:
+    first = running_on(a_pod("grpo-train-a"), started())
+    stopped = a_pod("grpo-train-a", phase="Failed", exit_code=75)
+    by_exit = step(
+        Observed(pool=pool(), training=replacing_job(), trainer_pod=stopped), first.status
+    )
+    assert by_exit.status.restarts is not None
+    (restart,) = by_exit.status.restarts.recent
+    assert restart.reason == "Deleted"
+    assert restart.message == (
+        "pod grpo-train-a was deleted: gymkube-train stopped the trainer on SIGTERM (exit code 75)"
+    )
+    assert restart.time == "2026-05-01T11:58:00Z"
+    # Seen while it still stops: its deletion says it.
+    stopping = a_pod("grpo-train-a", deleted=True)
+    by_deletion = step(
+        Observed(pool=pool(), training=replacing_job(), trainer_pod=stopping), first.status
+    )
+    assert by_deletion.status.restarts is not None
+    (restart,) = by_deletion.status.restarts.recent
+    assert (restart.reason, restart.message) == ("Deleted", "pod grpo-train-a was deleted")
+
+
+def test_a_failure_the_job_retries_is_a_restart_once_the_job_replaced_the_pod() -> None:
+    first = running_on(a_pod("grpo-train-a"), started(), backoffLimit=1)
+    failed = a_pod(
+        "grpo-train-a", phase="Failed", exit_code=1, message="RuntimeError: NCCL timeout"
+    )
+    # The Job may still give up (backoffLimit): no restart yet, the run still Running.
+    waiting = step(
+        Observed(pool=pool(), training=replacing_job(), trainer_pod=failed),
+        first.status,
+        backoffLimit=1,
+    )
+    assert waiting.status.restarts == first.status.restarts
+    assert condition(waiting, "Running") == ("True", "TrainerRestarting")
+    assert message(waiting, "Running") == "Job grpo-train restarts its trainer"
+    retried = step(
+        Observed(
+            pool=pool(),
+            training=replacing_job(failed=1),
+            trainer_pod=a_pod("grpo-train-b", phase="Pending"),
+            earlier_trainer_pods=(failed,),
+        ),
+        waiting.status,
+        backoffLimit=1,
+    )
+    assert retried.status.restarts is not None
+    (restart,) = retried.status.restarts.recent
+    assert (restart.reason, restart.message) == (
+        "TrainerFailed",
+        "pod grpo-train-a: the trainer exited with code 1: RuntimeError: NCCL timeout",
+    )
+    oom = a_pod("grpo-train-a", phase="Failed", exit_code=137, reason="OOMKilled")
+    killed = step(
+        Observed(
+            pool=pool(),
+            training=replacing_job(failed=1),
+            trainer_pod=a_pod("grpo-train-b", phase="Pending"),
+            earlier_trainer_pods=(oom,),
+        ),
+        first.status,
+        backoffLimit=1,
+    )
+    assert killed.status.restarts is not None
+    assert killed.status.restarts.recent[0].reason == "TrainerOutOfMemory"
+
+
+def test_a_trainer_that_fails_for_good_fails_the_run_and_is_no_restart() -> None:
+    first = running_on(a_pod("grpo-train-a"), started())
+    failed = a_pod("grpo-train-a", phase="Failed", exit_code=1, message="ValueError: bad batch")
+    plan = step(
+        Observed(
+            pool=pool(),
+            training=job("grpo-train", ("Failed", "BackoffLimitExceeded")),
+            trainer_pod=failed,
+        ),
+        first.status,
+    )
+    assert condition(plan, "Failed") == ("True", "TrainerFailed")
+    assert plan.status.restarts == first.status.restarts
+    # A Job stopping its pods on its way to Failed (its deadline) restarts nothing either.
+    deadline = job("grpo-train", ("FailureTarget", "DeadlineExceeded"), active=1, ready=0)
+    stopping = step(
+        Observed(pool=pool(), training=deadline, trainer_pod=a_pod("grpo-train-a", deleted=True)),
+        first.status,
+    )
+    assert stopping.status.restarts == first.status.restarts
+
+
+def test_a_bad_input_fails_the_job_at_once_with_the_trainers_words() -> None:
+    # The FailJob rule on gymkube-train's EXIT_BAD_INPUT: the Job's reason is PodFailurePolicy.
+    said = "model path /models/q does not exist (/models holds: SmolLM2-135M-Instruct)"
+    plan = failed_with(
+        trainer_pod({"exitCode": 2, "reason": "Error", "message": said}), "PodFailurePolicy"
+    )
+    assert condition(plan, "Failed") == ("True", "TrainerFailed")
+    assert (
+        message(plan, "Failed") == f"Job grpo-train failed: the trainer exited with code 2: {said}"
+    )
+
+
+def test_a_pod_gone_before_the_operator_saw_why_is_still_a_restart() -> None:
+    first = running_on(a_pod("grpo-train-a"), started())
+    plan = step(
+        Observed(
+            pool=pool(),
+            training=replacing_job(),
+            trainer_pod=a_pod("grpo-train-b", phase="Pending"),
+        ),
+        first.status,
+    )
+    assert plan.status.restarts is not None
+    (restart,) = plan.status.restarts.recent
+    assert (restart.reason, restart.time) == ("PodGone", "2026-05-01T12:00:00Z")
+
+
+def test_a_suspended_job_stops_its_trainer_which_resumes_with_the_job() -> None:
+    first = running_on(a_pod("grpo-train-a"), started())
+    # Kueue (or spec.suspend) suspended the Job; the Job controller deleted the pod.
+    suspended = job("grpo-train", ("Suspended", "JobSuspended"), suspend=True)
+    plan = step(Observed(pool=pool(), training=suspended), first.status, suspend=True)
+    assert plan.status.phase == Phase.SUSPENDED
+    assert plan.status.restarts is not None
+    (restart,) = plan.status.restarts.recent
+    assert (restart.reason, restart.message) == (
+        "Suspended",
+        "pod grpo-train-a was stopped: the Job was suspended",
+    )
+
+
+def test_the_trainer_pod_is_the_one_that_has_not_stopped() -> None:
+    # Creation times tie within a second: the Job's one pod that has not stopped is the trainer's.
+    old = a_pod("grpo-train-a", phase="Failed", exit_code=75, created="2026-05-01T11:00:00Z")
+    new = a_pod("grpo-train-b", phase="Pending", created="2026-05-01T11:00:00Z")
+    older = a_pod("grpo-train-0", phase="Failed", exit_code=1, created="2026-05-01T10:00:00Z")
+    for pods in ([old, new, older], [new, older, old]):
+        current, earlier = restarts.trainer_pods(pods)
+        assert current is new
+        assert earlier == [old, older]
+    assert restarts.trainer_pods([old, older]) == (old, [older])
+    assert restarts.trainer_pods([]) == (None, [])
+
+
+def test_the_status_keeps_the_last_restarts_and_counts_them_all() -> None:
+    status = started()
+    pod = a_pod("grpo-train-0")
+    status = running_on(pod, status).status
+    for n in range(1, RECENT_RESTARTS + 3):
+        gone = a_pod(f"grpo-train-{n - 1}", phase="Failed", exit_code=75)
+        status = step(
+            Observed(
+                pool=pool(),
+                training=replacing_job(),
+                trainer_pod=a_pod(f"grpo-train-{n}", phase="Pending"),
+                earlier_trainer_pods=(gone,),
+            ),
+            status,
+        ).status
+    assert status.restarts is not None
+    assert status.restarts.count == RECENT_RESTARTS + 2
+    assert [r.pod for r in status.restarts.recent] == [
+        f"grpo-train-{n}" for n in range(2, RECENT_RESTARTS + 2)
+    ]
+    patch = status.to_patch()
+    assert patch["restarts"]["count"] == RECENT_RESTARTS + 2
+    assert patch["trainerPod"] == f"grpo-train-{RECENT_RESTARTS + 2}"

@@ -81,6 +81,33 @@ def test_a_one_node_trainer_runs_verl_through_gymkube_train() -> None:
     assert trainer["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
 
+def test_disruptions_retry_uncounted_and_the_trainers_own_errors_count() -> None:
+    for run in (target(), target(queueName="gpu-queue"), target(backoffLimit=3)):
+        spec = render.training_job(run)["spec"]
+        # What a podFailurePolicy needs; the next trainer pod starts once the last one stopped.
+        assert spec["template"]["spec"]["restartPolicy"] == "Never"
+        assert spec["podReplacementPolicy"] == "Failed"
+        disrupted, deleted, bad_input = spec["podFailurePolicy"]["rules"]
+        # Evicted, preempted, node lost: Kubernetes marks the pod DisruptionTarget.
+        assert disrupted == {
+            "action": "Ignore",
+            "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+        }
+        # A plain deletion does not: gymkube-train says it with its exit code.
+        assert deleted == {
+            "action": "Ignore",
+            "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [75]},
+        }
+        assert bad_input == {
+            "action": "FailJob",
+            "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [2]},
+        }
+        # Any other exit (1, an OOM kill's 137) matches no rule: it counts against backoffLimit.
+        assert {r["onExitCodes"]["containerName"] for r in (deleted, bad_input)} <= {
+            c["name"] for c in spec["template"]["spec"]["containers"]
+        }
+
+
 def test_trainer_pod_has_shm_data_config_model_and_checkpoints() -> None:
     run = target(shmSize="32Gi", checkpoints={"persistentVolumeClaim": {"claimName": "ckpt"}})
     pod = render.training_job(run)["spec"]["template"]["spec"]
@@ -100,6 +127,20 @@ def test_trainer_pod_has_shm_data_config_model_and_checkpoints() -> None:
 def test_without_a_checkpoints_volume_the_run_writes_to_an_empty_dir() -> None:
     pod = render.training_job(target())["spec"]["template"]["spec"]
     assert by_name(pod["volumes"])["checkpoints"] == {"name": "checkpoints", "emptyDir": {}}
+    assert "TENSORBOARD_DIR" not in by_name(pod["containers"][0]["env"])
+
+
+def test_verls_tensorboard_log_goes_beside_the_kept_checkpoints() -> None:
+    kept = {"checkpoints": {"persistentVolumeClaim": {"claimName": "ckpt"}}}
+    job_pod = render.training_job(target(**kept))["spec"]["template"]["spec"]
+    ray = render.training_rayjob(target(nodes=2, **kept))["spec"]["rayClusterSpec"]
+    ray_pods = [ray["headGroupSpec"], *ray["workerGroupSpecs"]]
+    for pod in [job_pod, *(group["template"]["spec"] for group in ray_pods)]:
+        (trainer,) = pod["containers"]
+        env = by_name(trainer["env"])
+        assert env["TENSORBOARD_DIR"]["value"] == "/checkpoints/grpo/tensorboard"
+        # The dataset steps log nothing.
+        assert all("TENSORBOARD_DIR" not in by_name(c["env"]) for c in pod["initContainers"])
 
 
 def test_dataset_steps_run_before_training_and_write_the_parquet_verl_reads() -> None:

@@ -209,7 +209,7 @@ def create_app(settings: ServerSettings, backend: EnvBackend | None = None) -> F
         params = ResetParams(
             data_idx=body.data_idx, seed=body.seed, env_config=body.env_config or {}
         )
-        session, outcome = await manager.reset(body.id, params)
+        session, outcome = await manager.reset(body.id, params, replay=body.replay)
         return ResetResponse(
             id=session.id,
             observation=outcome.observation,
@@ -288,7 +288,7 @@ def create_app(settings: ServerSettings, backend: EnvBackend | None = None) -> F
     async def tasks() -> TasksResponse:
         if not manager.prepared:
             raise ApiError(ErrorCode.NOT_READY, "the env is still starting", settings.retry_after)
-        return env_backend.tasks()
+        return env_backend.tasks().model_copy(update={"replayable": env_backend.replayable})
 
     @app.get("/healthz", summary="Liveness: the server answers.")
     async def healthz() -> HealthResponse:
@@ -318,6 +318,7 @@ def create_app(settings: ServerSettings, backend: EnvBackend | None = None) -> F
             envs_started=manager.envs_started,
             envs_reused=manager.envs_reused,
             envs_retired={reason.value: count for reason, count in manager.envs_retired.items()},
+            replays=manager.replays,
             ready=manager.ready,
             canary=canary.status,
         )

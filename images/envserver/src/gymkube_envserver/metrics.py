@@ -85,6 +85,11 @@ class LoadCollector(Collector):
             "Sum of the last score of every ended episode, in the env's own scale.",
             value=manager.episode_score_sum,
         )
+        yield CounterMetricFamily(
+            "gymkube_envserver_replays",
+            "Resets a client marked as replays: lost episodes rebuilt on this server.",
+            value=manager.replays,
+        )
         status = self.canary.status
         if status.ok is not None:
             yield GaugeMetricFamily(

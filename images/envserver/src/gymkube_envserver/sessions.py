@@ -95,6 +95,8 @@ class SessionManager:
         # scores, in the env's scale: what a trainer's rewards can be checked against.
         self.episodes_played = 0
         self.episode_score_sum = 0.0
+        self.replays = 0
+        """Resets a client marked as replays: lost episodes rebuilt on this server."""
         self._closed: OrderedDict[str, str] = OrderedDict()
         self._creating = 0
         self._resets_in_flight = 0
@@ -227,7 +229,10 @@ class SessionManager:
             raise ApiError(ErrorCode.SESSION_NOT_FOUND, f"no session {session_id!r} on this server")
         raise ApiError(ErrorCode.SESSION_NOT_FOUND, f"session {session_id!r} is {reason}")
 
-    async def reset(self, session_id: str, params: ResetParams) -> tuple[Session, ResetOutcome]:
+    async def reset(
+        self, session_id: str, params: ResetParams, replay: bool = False
+    ) -> tuple[Session, ResetOutcome]:
+        """Start an episode; ``replay`` marks one a client rebuilds after losing its session."""
         session = self.get(session_id)
         if params.data_idx is not None:
             try:
@@ -257,6 +262,7 @@ class SessionManager:
             session.steps = 0
             session.episodes += 1
             session.last_active_at = time.time()
+            self.replays += replay
         return session, outcome
 
     async def step(self, session_id: str, action: str) -> StepOutcome:

@@ -117,6 +117,11 @@ class ResetRequest(BaseModel):
     env_config: dict[str, Any] | None = Field(
         default=None, description="Overrides the session's env_config for this episode."
     )
+    replay: bool = Field(
+        default=False,
+        description="Set by a client rebuilding an episode whose session was lost (it then "
+        "replays the episode's actions); counted in /status and /metrics, the episode is the same.",
+    )
 
 
 class ResetResponse(BaseModel):
@@ -199,6 +204,11 @@ class TasksResponse(BaseModel):
     splits: dict[str, list[int]] = Field(
         default_factory=dict, description="Split name -> the data_idx values in it."
     )
+    replayable: bool = Field(
+        default=False,
+        description="The same reset and actions give the same observations, so a client may "
+        "rebuild a lost session's episode on another server.",
+    )
 
 
 class CanaryStatus(BaseModel):
@@ -234,6 +244,9 @@ class StatusResponse(BaseModel):
         default_factory=dict,
         description="Envs closed instead of going back to the pool, by reason: failed, episodes, "
         "memory, not_reused, draining.",
+    )
+    replays: int = Field(
+        default=0, description="Resets marked as replays (lost episodes rebuilt here) played."
     )
     ready: bool
     canary: CanaryStatus

@@ -89,6 +89,12 @@ def _structural(node: Any, *, defaults: bool) -> Any:
             raise ValueError(f"unions are not structural: {branches}")
         node = {**branches[0], **node}
     node.pop("title", None)
+    # JSON Schema's exclusiveMinimum: N (pydantic's gt=N) is OpenAPI 3.0's minimum: N plus
+    # exclusiveMinimum: true; likewise for the maximum.
+    for bound, exclusive in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+        if not isinstance(node.get(exclusive, True), bool):
+            node[bound] = node[exclusive]
+            node[exclusive] = True
     if node.get("additionalProperties") is False:
         node.pop("additionalProperties")
     if not defaults or node.get("default", 0) is None:
@@ -96,11 +102,15 @@ def _structural(node: Any, *, defaults: bool) -> Any:
     out = {k: _structural(v, defaults=defaults) for k, v in node.items() if k != "properties"}
     if "properties" in node:
         properties = {}
+        required = set(node.get("required", []))
         for key, child in node["properties"].items():
+            # A required field is never omitted; one whose model default is None stays unset
+            # when omitted (its absence means something, e.g. "take the TrainingRun's").
+            defaulted = key not in required and child.get("default", 0) is not None
             child = _structural(child, defaults=defaults)
             # A nested object whose fields all have defaults defaults to those values, so an
             # omitted object is filled in (and validation rules on it see every field).
-            if defaults and _defaultable(child) and "default" not in child:
+            if defaults and defaulted and _defaultable(child) and "default" not in child:
                 child["default"] = _default_of(child)
             properties[key] = child
         out["properties"] = properties

@@ -4,9 +4,10 @@ import pathlib
 
 from gymkube_operator.crds import CustomResource, render_yaml
 from gymkube_operator.envpool.resource import ENVPOOL
+from gymkube_operator.evalrun.resource import EVALRUN
 from gymkube_operator.trainingrun.resource import TRAININGRUN
 
-RESOURCES: tuple[CustomResource, ...] = (ENVPOOL, TRAININGRUN)
+RESOURCES: tuple[CustomResource, ...] = (ENVPOOL, TRAININGRUN, EVALRUN)
 
 PACKAGE_DIR = pathlib.Path(__file__).parent
 # Copies outside the package, relative to the repository root.

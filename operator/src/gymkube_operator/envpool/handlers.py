@@ -37,6 +37,7 @@ STATEFULSETS_INDEX, ROUTERS_INDEX, PODS_INDEX = (
 INDEX_IDS = (STATEFULSETS_INDEX, ROUTERS_INDEX, PODS_INDEX)
 # The event handler that only wakes a pool's daemon (main.QuietWakers keeps its log lines out).
 POOL_WAKER = "envpool_changed"
+ORPHAN_FINALIZER = "orphan"
 Keyed = Callable[[str | None, kopf.Labels, Object], dict[PoolKey, Object]]
 # The status fields of a StatefulSet or Deployment the pool status reads; indexes keep only these
 # (and only what the watchdog reads of pods, envpool.pods.slim_pod) to bound the operator's memory.
@@ -337,6 +338,24 @@ def _register_daemon(registry: kopf.OperatorRegistry, rt: Runtime, pools: Pools)
             pools.states.pop(key, None)
 
 
+async def stop_servers(rt: Runtime, namespace: str, pool: str) -> int:
+    """Stops a deleted pool's env servers within GRACE_AFTER_DRAIN instead of letting each drain
+    for up to drainTimeoutSeconds: with the pool's router and Service going, no client can reach
+    their sessions again, and a session its client abandoned would hold the drain to the end.
+    Returns how many pods were stopped."""
+    # The StatefulSet first, so that it does not replace the pods deleted next; its pods orphaned,
+    # or the garbage collector may delete them first with their whole drain grace, which the
+    # kubelet then keeps even when the grace is shortened after.
+    await rt.client.delete("apps/v1", "StatefulSet", namespace, pool, propagation_policy="Orphan")
+    stopped = 0
+    for pod in await rt.client.list("v1", "Pod", namespace, builders.selector_string(pool)):
+        meta = pod["metadata"]
+        grace = builders.GRACE_AFTER_DRAIN
+        if await rt.client.delete("v1", "Pod", namespace, meta["name"], meta["uid"], grace):
+            stopped += 1
+    return stopped
+
+
 def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     """Register the EnvPool handlers on a registry (tests build their own runtime and registry).
 
@@ -348,6 +367,22 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
     @kopf.on.event(GROUP, VERSION, PLURAL, id=POOL_WAKER, registry=registry)
     async def envpool_changed(namespace: str | None, name: str, **_: Any) -> None:
         pools.wake((namespaced(namespace), name))
+
+    # `kubectl delete --cascade=orphan` asks to keep the children: it adds the orphan finalizer.
+    @kopf.on.delete(GROUP, VERSION, PLURAL, id="envpool_stop_servers", registry=registry)
+    async def envpool_deleted(
+        name: str, namespace: str | None, meta: kopf.Meta, body: kopf.Body, **_: Any
+    ) -> None:
+        if ORPHAN_FINALIZER in (meta.get("finalizers") or []):
+            return
+        stopped = await stop_servers(rt, namespaced(namespace), name)
+        if stopped:
+            kopf.event(
+                body,
+                type="Normal",
+                reason="ServersStopped",
+                message=f"stopped {stopped} env servers",
+            )
 
     _register_indexes(registry, pools.keyed)
     _register_daemon(registry, rt, pools)

@@ -26,6 +26,8 @@ AGENT_LOOP_PATH = f"{CONFIG_DIR}/{AGENT_LOOP_FILE}"
 TEMPLATES_FILE = "templates.json"
 TEMPLATES_PATH = f"{CONFIG_DIR}/{TEMPLATES_FILE}"
 CHECKPOINTS_DIR = "/checkpoints"
+# verl's TensorBoard logger writes where this names (verl/utils/tracking.py, _TensorboardAdapter).
+TENSORBOARD_ENV = "TENSORBOARD_DIR"
 
 # The gymkube agent loop as verl's AgentLoopWorker instantiates it (hydra `_target_`), and the name
 # dataset rows carry in their agent_name column.
@@ -40,6 +42,13 @@ VERL_ENTRYPOINT = ("python3", "-m", "verl.trainer.main_ppo")
 # prints `gymkube-progress` lines from verl's FileLogger and writes the trainer's last error line
 # to the termination log.
 TRAIN_WRAPPER = "gymkube-train"
+# gymkube-train's exit codes that the training Job's podFailurePolicy acts on (the wrapper names
+# them too, as EXIT_STOPPED and EXIT_BAD_INPUT; the operator does not import gymkube-agentloop,
+# so a test holds the two equal).
+# SIGTERM stopped the trainer (its pod was deleted): sysexits' EX_TEMPFAIL, "try again later".
+TRAINER_EXIT_STOPPED = 75
+# The trainer cannot start from its input (a wrong model path): no retry can fix that.
+TRAINER_EXIT_BAD_INPUT = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +110,31 @@ def checkpoint_dir(run: str) -> str:
     return f"{CHECKPOINTS_DIR}/{run}"
 
 
+def tensorboard_dir(run: str) -> str:
+    return f"{checkpoint_dir(run)}/tensorboard"
+
+
+def keeps_checkpoints(spec: TrainingRunSpec) -> bool:
+    """Whether the run's checkpoints outlive its pod (spec.checkpoints names a volume that is not
+    an emptyDir, the default): only then are its TensorBoard log and Hugging Face weights written
+    there, where someone can read them."""
+    return spec.checkpoints is not None and "emptyDir" not in spec.checkpoints
+
+
+def loggers(spec: TrainingRunSpec) -> list[str]:
+    """verl's trainer.logger: its default list includes wandb, which fails without an API key;
+    gymkube-train reads the file logger's records (it sets VERL_FILE_LOGGER_PATH); TensorBoard
+    beside the checkpoints when they are kept."""
+    return ["console", "file", *(["tensorboard"] if keeps_checkpoints(spec) else [])]
+
+
+def trainer_env(name: str, spec: TrainingRunSpec) -> list[dict[str, str]]:
+    """The trainer's environment for verl's loggers: where TensorBoard writes, when it logs."""
+    if not keeps_checkpoints(spec):
+        return []
+    return [{"name": TENSORBOARD_ENV, "value": tensorboard_dir(name)}]
+
+
 def hydra_string(value: str) -> str:
     """Quote a string for a Hydra command-line override so paths and URLs parse as one string."""
     escaped = value.replace("\\", "\\\\").replace("'", "\\'")
@@ -143,14 +177,18 @@ def run_overrides(name: str, spec: TrainingRunSpec) -> list[str]:
         f"{rollout}.multi_turn.enable=true",
         f"{rollout}.multi_turn.max_assistant_turns={loop.max_turns}",
         f"{rollout}.multi_turn.max_user_turns={loop.max_turns}",
+        # An episode the agent loop excludes (its env failed) leaves its group smaller; a group
+        # left with none is replaced by a fresh prompt instead of failing the step.
+        "trainer.v1.sampler.sync_refill_failed_groups=true",
         f"trainer.nnodes={spec.nodes}",
         f"trainer.n_gpus_per_node={spec.gpus_per_node}",
         f"trainer.default_local_dir={hydra_string(checkpoint_dir(name))}",
+        # A retried trainer (its pod deleted, evicted, its node lost) goes on from the newest
+        # checkpoint there: verl's default, said here so that it stays so.
+        "trainer.resume_mode=auto",
         "trainer.project_name=gymkube",
         f"trainer.experiment_name={hydra_string(name)}",
-        # verl's default logger list includes wandb, which fails without an API key; gymkube-train
-        # reads the file logger's records (it sets VERL_FILE_LOGGER_PATH).
-        f"trainer.logger={hydra_list(['console', 'file'])}",
+        f"trainer.logger={hydra_list(loggers(spec))}",
     ]
     if spec.algorithm == "gae":
         # PPO trains a critic; verl's default critic path is a placeholder model.
@@ -253,9 +291,10 @@ def dataset_commands(target: RunTarget) -> dict[str, list[str]]:
     data = target.spec.dataset
     return {
         "dataset-train": dataset_command(target, split=data.split, size=data.size, out=TRAIN_FILE),
-        "dataset-val": dataset_command(
-            target, split=data.val_split, size=data.val_size, out=VAL_FILE
-        ),
+        "dataset-val": [
+            *dataset_command(target, split=data.val_split, size=data.val_size, out=VAL_FILE),
+            "--validation",
+        ],
     }
 
 

@@ -8,22 +8,26 @@ import dataclasses
 import datetime
 from typing import Any
 
+from gymkube_operator import runs
 from gymkube_operator.conditions import (
     Condition,
     ConditionStatus,
     find_condition,
     now_rfc3339,
     one_line,
-    parse_rfc3339,
     set_condition,
 )
 from gymkube_operator.objects import Object
-from gymkube_operator.trainingrun import device, render
+from gymkube_operator.runs import Event
+from gymkube_operator.trainingrun import device, history, render, restarts
 from gymkube_operator.trainingrun.command import Run, RunTarget
 from gymkube_operator.trainingrun.models import (
     ChildRef,
     Phase,
     PreflightStatus,
+    TrainerRestart,
+    TrainerRestarts,
+    TrainingHistory,
     TrainingRunSpec,
     TrainingRunStatus,
 )
@@ -35,6 +39,7 @@ from gymkube_operator.trainingrun.readings import (
     pool_state,
     pool_wait_over,
     preflight_line,
+    progress_lines,
     reason_word,
     trainer_exited_cleanly,
     trainer_failure,
@@ -69,20 +74,18 @@ class Observed:
     # The preflight container's termination message (its JSON summary, or a log tail).
     preflight_message: str | None = None
     training: Object | None = None
-    # The training Job's newest pod, and the tail of its trainer container's log once it started.
+    # The pod the training Job runs its trainer in (restarts.trainer_pods), the Job's other pods
+    # (newest first), and the tail of the trainer container's log once it started.
     trainer_pod: Object | None = None
+    earlier_trainer_pods: tuple[Object, ...] = ()
     trainer_log: str | None = None
+    # The log of the pod status.history recorded last, once the Job has replaced it (while the pod
+    # is still there): the steps it printed after the last read.
+    earlier_trainer_log: str | None = None
     # Whether the API server serves ray.io/v1 RayJob; None when nobody asked (nodes = 1).
     rayjob_served: bool | None = None
     # What verl's config says of spec.overrides; None when they compose (or nobody asked).
     override_problem: OverrideProblem | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Event:
-    type: str
-    reason: str
-    message: str
 
 
 @dataclasses.dataclass
@@ -91,7 +94,8 @@ class Plan:
     create: list[Object] = dataclasses.field(default_factory=list)
     # Set the training child's spec.suspend to this.
     suspend_child: bool | None = None
-    delete_run: bool = False
+    # Its TTL after finishing is over: delete it.
+    delete_expired: bool = False
     # Seconds until something is due without any event (the TTL).
     wake_after: float | None = None
     events: list[Event] = dataclasses.field(default_factory=list)
@@ -118,10 +122,7 @@ def reads_progress(status: TrainingRunStatus) -> bool:
 
 
 def is_finished(status: TrainingRunStatus) -> bool:
-    return any(
-        (c := find_condition(status.conditions, t)) is not None and c.status == TRUE
-        for t in (SUCCEEDED, FAILED)
-    )
+    return runs.is_finished(status.conditions)
 
 
 def _job_outcome(job: Object, spec: TrainingRunSpec, pod: Object | None) -> _Outcome:
@@ -282,20 +283,12 @@ class _Writer:
         return found
 
 
-def _ttl_wake(spec: TrainingRunSpec, status: TrainingRunStatus, now: datetime.datetime) -> float:
-    """Seconds until the finished run is due for deletion (0 or less: due now)."""
-    assert spec.ttl_seconds_after_finished is not None
-    finished = status.completion_time or now_rfc3339(now)
-    ended = parse_rfc3339(finished)
-    due = ended + datetime.timedelta(seconds=spec.ttl_seconds_after_finished)
-    return (due - now).total_seconds()
-
-
 def _finish(plan: Plan, spec: TrainingRunSpec, now: datetime.datetime) -> Plan:
-    if is_finished(plan.status) and spec.ttl_seconds_after_finished is not None:
-        remaining = _ttl_wake(spec, plan.status, now)
-        plan.delete_run = remaining <= 0
-        plan.wake_after = None if plan.delete_run else remaining
+    ttl = spec.ttl_seconds_after_finished
+    if is_finished(plan.status) and ttl is not None:
+        remaining = runs.ttl_remaining(ttl, plan.status.completion_time or now_rfc3339(now), now)
+        plan.delete_expired = remaining <= 0
+        plan.wake_after = None if plan.delete_expired else remaining
     return plan
 
 
@@ -342,7 +335,11 @@ def plan(
         return _follow_child(spec, observed, writer, now)
 
     if not ready:
-        waited = None if spec.suspend else pool_wait_over(spec, writer.status, now)
+        waited = (
+            None
+            if spec.suspend
+            else pool_wait_over(writer.status.conditions, spec.env_pool_timeout_seconds, now)
+        )
         if waited is not None:
             return done(
                 _Outcome(
@@ -413,10 +410,65 @@ def plan(
     return done(created, [render.config_map(target), child])
 
 
+def _job_ending(job: Object, outcome: _Outcome) -> bool:
+    """Whether the Job has ended or is ending (it stops its pods before its terminal condition)."""
+    return outcome.phase in (Phase.SUCCEEDED, Phase.FAILED) or any(
+        true_condition(job, type_) is not None for type_ in ("FailureTarget", "SuccessCriteriaMet")
+    )
+
+
+def _follow_trainer(job: Object, observed: Observed, writer: _Writer) -> TrainerRestart | None:
+    """Follow the pod the Job runs the trainer in; record a restart when one ended (returned)."""
+    pods = [p for p in (observed.trainer_pod, *observed.earlier_trainer_pods) if p is not None]
+    suspended = render.child_suspended(job) or true_condition(job, "Suspended") is not None
+    pod, after, found = restarts.follow(
+        writer.status.restarts or TrainerRestarts(),
+        writer.status.trainer_pod,
+        pods,
+        parse_progress(observed.trainer_log),
+        suspended=suspended,
+        now=writer.now,
+    )
+    writer.update(trainer_pod=pod, restarts=after)
+    return found
+
+
+def _history(recorded: TrainingHistory | None, observed: Observed) -> TrainingHistory | None:
+    """status.history with the steps of the logs read: the replaced pod's, then the trainer's."""
+    if observed.earlier_trainer_log is not None and recorded is not None and recorded.pod:
+        lines = progress_lines(observed.earlier_trainer_log)
+        recorded = history.recorded(recorded, recorded.pod, lines)
+    if observed.trainer_pod is not None:
+        pod = restarts.pod_name(observed.trainer_pod)
+        recorded = history.recorded(recorded, pod, progress_lines(observed.trainer_log))
+    return recorded
+
+
+def _restarting(
+    outcome: _Outcome, previous: Phase, job: Object, status: TrainingRunStatus
+) -> _Outcome:
+    """A trainer that ran and whose pod is being replaced keeps the run Running: a restart is not a
+    failure, and the retry resumes from the newest checkpoint."""
+    if outcome.phase != Phase.STARTING or previous != Phase.RUNNING:
+        return outcome
+    message = f"Job {job['metadata']['name']} restarts its trainer"
+    recent = status.restarts.recent if status.restarts else []
+    if recent and recent[-1].resumed_from_step is None:
+        message += f": {recent[-1].message}"
+    return _Outcome(Phase.RUNNING, Reason.TRAINER_RESTARTING, message, outcome.start_time)
+
+
+def _restart_event(restart: TrainerRestart) -> str:
+    if restart.reason == Reason.SUSPENDED:
+        return f"{restart.message}; the trainer resumes from its newest checkpoint with the Job"
+    return f"{restart.message}; the Job starts another, which resumes from the newest checkpoint"
+
+
 def _follow_child(
     spec: TrainingRunSpec, observed: Observed, writer: _Writer, now: datetime.datetime
 ) -> Plan:
-    """The training child exists: mirror it and its trainer's progress, and hand it spec.suspend."""
+    """The training child exists: mirror it, its trainer's progress and restarts, and hand it
+    spec.suspend."""
     child = observed.training
     assert child is not None
     if child["kind"] == "Job":
@@ -428,7 +480,12 @@ def _follow_child(
             api_version=child["apiVersion"], kind=child["kind"], name=child["metadata"]["name"]
         ),
         progress=newer_progress(writer.status.progress, parse_progress(observed.trainer_log)),
+        history=_history(writer.status.history, observed),
     )
+    restarted = None
+    if child["kind"] == "Job" and not _job_ending(child, outcome):
+        restarted = _follow_trainer(child, observed, writer)
+        outcome = _restarting(outcome, writer.previous.phase, child, writer.status)
     writer.phase(outcome)
     suspend: bool | None = None
     finished = outcome.phase in (Phase.SUCCEEDED, Phase.FAILED)
@@ -437,7 +494,10 @@ def _follow_child(
     elif not finished and not spec.suspend and render.child_suspended(child):
         # A queued child is Kueue's to unsuspend once admitted.
         suspend = None if spec.queue_name else False
-    result = Plan(status=writer.status, suspend_child=suspend, events=writer.events(outcome))
+    events = writer.events(outcome)
+    if restarted is not None:
+        events.append(Event("Warning", restarted.reason, _restart_event(restarted)))
+    result = Plan(status=writer.status, suspend_child=suspend, events=events)
     return _finish(result, spec, now)
 
 

@@ -270,6 +270,94 @@ class TrainingProgress(CamelModel):
         None, max_length=4096, description="Directory of the last checkpoint."
     )
     time: str | None = Field(None, max_length=64, description="When the trainer reported it.")
+    resumed_from_step: int | None = Field(
+        None,
+        ge=0,
+        description="The step this trainer pod started from: its newest checkpoint's, 0 if none.",
+    )
+    # The agent loop's episode log, that step's training episodes (validation ones are not).
+    episodes: int | None = Field(
+        None, ge=0, description="Episodes the step trained on or left out."
+    )
+    episodes_replayed: int | None = Field(
+        None, ge=0, description="Of those, episodes whose lost session was rebuilt and replayed."
+    )
+    episodes_excluded: int | None = Field(
+        None, ge=0, description="Of those, episodes left out of training (their env failed)."
+    )
+    replay_canary_failures: int | None = Field(
+        None, ge=0, description="Replays whose replayed observation differed from the one seen."
+    )
+
+
+# How many steps status.history keeps: every one of the last HISTORY_RECENT, and before those a
+# sample of the older ones (trainingrun.history), HISTORY_STEPS in all (about 70 KB of status).
+HISTORY_STEPS = 500
+HISTORY_RECENT = 250
+
+
+class HistoryStep(CamelModel):
+    """One training step as its progress line reported it."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    step: int = Field(ge=0, description="The training step.")
+    mean_reward: float | None = Field(None, description="Mean reward of its rollouts.")
+    step_seconds: float | None = Field(None, description="How long it took.")
+    episodes: int | None = Field(None, ge=0, description="Episodes it trained on or left out.")
+    episodes_excluded: int | None = Field(
+        None, ge=0, description="Of those, episodes left out of training (their env failed)."
+    )
+    episodes_replayed: int | None = Field(
+        None, ge=0, description="Of those, episodes whose lost session was replayed."
+    )
+    time: str | None = Field(None, max_length=64, description="When the trainer reported it.")
+
+
+class TrainingHistory(CamelModel):
+    """The run's steps, oldest first, each once: a step a lost trainer ran past its checkpoint is
+    replaced by the step its successor trained again."""
+
+    pod: str | None = Field(
+        None, description="The trainer pod that reported the newest steps (one-node runs)."
+    )
+    steps: list[HistoryStep] = Field(
+        default_factory=list,
+        max_length=HISTORY_STEPS,
+        description=(
+            f"Oldest first: every one of the last {HISTORY_RECENT} steps and, before those, every "
+            f"2nd, 4th, 8th, ... step (the smallest stride that fits): at most {HISTORY_STEPS}."
+        ),
+    )
+
+
+# How many of a run's trainer restarts status.restarts.recent keeps.
+RECENT_RESTARTS = 10
+
+
+class TrainerRestart(CamelModel):
+    """One trainer pod that ended and was replaced by the Job."""
+
+    pod: str = Field(description="The pod that ended.")
+    reason: str = Field(
+        description="CamelCase cause: Evicted, Preempted, NodeLost, NodeTainted, Deleted, ..."
+    )
+    message: str = Field("", description="Detail, e.g. the pod's DisruptionTarget message.")
+    time: Timestamp = Field(description="When it ended.")
+    resumed_from_step: int | None = Field(
+        None, ge=0, description="The step the next pod resumed from (0: from the start)."
+    )
+
+
+class TrainerRestarts(CamelModel):
+    """The trainer pods a one-node run's Job replaced: disruptions, and retried failures."""
+
+    count: int = Field(0, ge=0, description="Trainer pods that ended and were replaced.")
+    recent: list[TrainerRestart] = Field(
+        default_factory=list,
+        max_length=RECENT_RESTARTS,
+        description=f"The last {RECENT_RESTARTS} restarts, newest last.",
+    )
 
 
 class TrainingRunStatus(CamelModel):
@@ -281,6 +369,15 @@ class TrainingRunStatus(CamelModel):
     preflight: PreflightStatus | None = Field(None, description="Preflight result.")
     progress: TrainingProgress | None = Field(
         None, description="The trainer's last reported step (one-node runs)."
+    )
+    history: TrainingHistory | None = Field(
+        None, description="The trainer's steps so far, bounded (one-node runs)."
+    )
+    trainer_pod: str | None = Field(
+        None, description="The pod the trainer runs in (one-node runs)."
+    )
+    restarts: TrainerRestarts | None = Field(
+        None, description="Trainer pods the Job replaced, and why (one-node runs)."
     )
     start_time: Timestamp | None = Field(None, description="When the training child started.")
     completion_time: Timestamp | None = Field(None, description="When the run ended.")

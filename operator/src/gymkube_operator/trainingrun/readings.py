@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gymkube_operator.conditions import (
+    Condition,
     ConditionStatus,
     cut,
     find_condition,
@@ -20,7 +21,7 @@ from gymkube_operator.envpool.status import DEGRADED as POOL_DEGRADED
 from gymkube_operator.envpool.status import READY as POOL_READY
 from gymkube_operator.objects import Object
 from gymkube_operator.trainingrun import render
-from gymkube_operator.trainingrun.models import TrainingProgress, TrainingRunSpec, TrainingRunStatus
+from gymkube_operator.trainingrun.models import TrainingProgress
 from gymkube_operator.trainingrun.reasons import ConditionType, Reason
 
 # What gymkube-train prints on the trainer's stdout after every step: this, then one JSON object.
@@ -81,20 +82,16 @@ def pool_state(pool: Object | None, pool_name: str) -> tuple[bool, str, str]:
     return True, Reason.ENV_POOL_READY, f"EnvPool {pool_name} is Ready at {status['url']}"
 
 
-def _seconds_since(timestamp: str, now: datetime.datetime) -> float:
-    then = parse_rfc3339(timestamp)
-    return (now - then).total_seconds()
-
-
 def pool_wait_over(
-    spec: TrainingRunSpec, status: TrainingRunStatus, now: datetime.datetime
+    conditions: list[Condition], timeout_seconds: int, now: datetime.datetime
 ) -> float | None:
-    """Seconds the run has waited for its pool, once that is past spec.envPoolTimeoutSeconds."""
-    waiting = find_condition(status.conditions, ConditionType.ENV_POOL_READY)
+    """Seconds a run (a TrainingRun, an EvalRun) has waited for its pool, once that is past
+    timeout_seconds (its spec.envPoolTimeoutSeconds)."""
+    waiting = find_condition(conditions, ConditionType.ENV_POOL_READY)
     if waiting is None or waiting.status != ConditionStatus.FALSE:
         return None
-    waited = _seconds_since(waiting.last_transition_time, now)
-    return waited if waited >= spec.env_pool_timeout_seconds else None
+    waited = (now - parse_rfc3339(waiting.last_transition_time)).total_seconds()
+    return waited if waited >= timeout_seconds else None
 
 
 def parse_summary(message: str | None) -> tuple[dict[str, Any] | None, str | None]:
@@ -144,17 +141,23 @@ def preflight_line(summary: dict[str, Any]) -> str:
     return cut("; ".join(parts))
 
 
-def parse_progress(log: str | None) -> TrainingProgress | None:
-    """The last well-formed `gymkube-progress {json}` line of the trainer's log, if any."""
-    for line in reversed((log or "").splitlines()):
+def progress_lines(log: str | None) -> list[TrainingProgress]:
+    """The well-formed `gymkube-progress {json}` lines of the trainer's log, oldest first."""
+    found = []
+    for line in (log or "").splitlines():
         line = line.strip()
         if not line.startswith(PROGRESS_PREFIX):
             continue
         try:
-            return TrainingProgress.model_validate_json(line.removeprefix(PROGRESS_PREFIX))
+            found.append(TrainingProgress.model_validate_json(line.removeprefix(PROGRESS_PREFIX)))
         except ValidationError:
             continue
-    return None
+    return found
+
+
+def parse_progress(log: str | None) -> TrainingProgress | None:
+    """The last well-formed progress line of the trainer's log, if any."""
+    return next(reversed(progress_lines(log)), None)
 
 
 def newer_progress(
@@ -198,6 +201,10 @@ def _memory_limit(pod: Object | None) -> str | None:
     return None
 
 
+# The Job failure reasons whose cause is the trainer's own exit.
+TRAINER_CAUSED = (None, "BackoffLimitExceeded", "PodFailurePolicy")
+
+
 def trainer_failure(job: Object, failed: Object, pod: Object | None) -> tuple[str, str]:
     """(reason, message) of a failed training Job: the trainer container's own cause where its
     pod says one (killed for memory, or exited with its last line), else the Job's."""
@@ -216,9 +223,10 @@ def trainer_failure(job: Object, failed: Object, pod: Object | None) -> tuple[st
         killed = f"the trainer was killed for memory (OOMKilled) {where}"
         return Reason.TRAINER_OUT_OF_MEMORY, f"Job {name} failed: {killed}"
     job_reason = failed.get("reason")
-    # A Job gives up with BackoffLimitExceeded because its pods failed: the trainer says why.
-    # Other reasons (DeadlineExceeded, ...) are the Job's own doing.
-    if terminated.get("exitCode", 0) != 0 and job_reason in (None, "BackoffLimitExceeded"):
+    # A Job gives up with BackoffLimitExceeded (or PodFailurePolicy: a FailJob rule matched its
+    # exit code) because its pods failed: the trainer says why. Other reasons (DeadlineExceeded,
+    # ...) are the Job's own doing.
+    if terminated.get("exitCode", 0) != 0 and job_reason in TRAINER_CAUSED:
         code = terminated["exitCode"]
         return (
             Reason.TRAINER_FAILED,

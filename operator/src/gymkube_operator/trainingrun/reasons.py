@@ -30,6 +30,7 @@ class Reason(StrEnum):
     WAITING_FOR_ADMISSION = "WaitingForAdmission"  # Kueue holds the suspended child
     TRAINING_STARTING = "TrainingStarting"
     TRAINING_RUNNING = "TrainingRunning"
+    TRAINER_RESTARTING = "TrainerRestarting"  # Running: the Job replaces a trainer pod that ended
     TRAINING_SUCCEEDED = "TrainingSucceeded"
     SUSPENDED = "Suspended"  # spec.suspend
     # Failed
@@ -40,3 +41,15 @@ class Reason(StrEnum):
     INVALID_OVERRIDE = "InvalidOverride"  # verl's config refuses one of spec.overrides
     CHILD_REJECTED = "ChildRejected"  # the API server refused a child the spec renders
     RAYJOB_CRD_MISSING = "RayJobCRDMissing"
+    # status.restarts.recent[].reason: why a trainer pod ended that the Job replaces. Besides
+    # these, Suspended (the Job was suspended), TrainerFailed and TrainerOutOfMemory (a failure
+    # the Job retried within spec.backoffLimit).
+    EVICTED = "Evicted"  # the Eviction API: kubectl drain, a PodDisruptionBudget-aware eviction
+    PREEMPTED = "Preempted"  # the scheduler made room for a pod of higher priority
+    NODE_LOST = "NodeLost"  # its node is gone (the pod garbage collector)
+    NODE_TAINTED = "NodeTainted"  # a NoExecute taint: its node is unreachable, not ready, drained
+    TERMINATED_BY_KUBELET = "TerminatedByKubelet"  # node pressure, node shutdown
+    DISRUPTED = "Disrupted"  # another DisruptionTarget reason
+    DELETED = "Deleted"  # the pod was deleted: gymkube-train stopped the trainer on SIGTERM
+    POD_FAILED = "PodFailed"  # it failed otherwise (a dataset step, the kubelet)
+    POD_GONE = "PodGone"  # it was removed before the operator saw why it ended

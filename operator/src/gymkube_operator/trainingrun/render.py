@@ -174,7 +174,7 @@ def trainer_container(target: RunTarget, name: str, mounts: list[Object], fields
         "name": name,
         "image": target.trainer_image,
         "imagePullPolicy": target.image_pull_policy,
-        "env": _env(target) + device.env(spec.device),
+        "env": _env(target) + command.trainer_env(target.name, spec) + device.env(spec.device),
         "resources": {**resources, "limits": limits},
         "volumeMounts": mounts,
     }
@@ -206,6 +206,37 @@ def _starts_suspended(target: RunTarget) -> bool:
     return target.spec.suspend or target.spec.queue_name is not None
 
 
+# How the training Job tells a disruption from the trainer's own failure. A disruption retries
+# without counting against backoffLimit (and resumes from the newest checkpoint); the trainer's
+# errors count (backoffLimit 0: the first fails the run), and a bad input fails it at once.
+TRAINER_FAILURE_POLICY: Object = {
+    "rules": [
+        # Evicted (a drain), preempted, its node lost or tainted, node pressure or shutdown.
+        {
+            "action": "Ignore",
+            "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+        },
+        # A plain pod deletion sets no DisruptionTarget: gymkube-train exits with this on SIGTERM.
+        {
+            "action": "Ignore",
+            "onExitCodes": {
+                "containerName": TRAINER,
+                "operator": "In",
+                "values": [command.TRAINER_EXIT_STOPPED],
+            },
+        },
+        {
+            "action": "FailJob",
+            "onExitCodes": {
+                "containerName": TRAINER,
+                "operator": "In",
+                "values": [command.TRAINER_EXIT_BAD_INPUT],
+            },
+        },
+    ]
+}
+
+
 def training_job(target: RunTarget) -> Object:
     spec = target.spec
     trainer = {
@@ -215,9 +246,14 @@ def training_job(target: RunTarget) -> Object:
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     pod = trainer_pod_spec(target, TRAINER, trainer)
+    # A podFailurePolicy needs it; a failed trainer is retried in a new pod, not restarted in place.
     pod["restartPolicy"] = "Never"
     job_spec: Object = {
         "backoffLimit": spec.backoff_limit,
+        "podFailurePolicy": TRAINER_FAILURE_POLICY,
+        # The next trainer pod starts only once the last one has stopped: two trainers never
+        # write the same checkpoints (what a podFailurePolicy implies; said so it stays so).
+        "podReplacementPolicy": "Failed",
         "completions": 1,
         "parallelism": 1,
         "suspend": _starts_suspended(target),

@@ -33,6 +33,9 @@ TRAININGRUN = CustomResource(
         PrinterColumn("Total", "integer", ".status.progress.totalSteps", "Training steps in all"),
         PrinterColumn("Reward", "number", ".status.progress.meanReward", "Last step's mean reward"),
         PrinterColumn("ETA", "number", ".status.progress.etaSeconds", "Estimated seconds left"),
+        PrinterColumn(
+            "Restarts", "integer", ".status.restarts.count", "Trainer pods the Job replaced"
+        ),
         PrinterColumn("Device", "string", ".spec.device", "gpu or cpu", 1),
         PrinterColumn("GPUs", "integer", ".spec.gpusPerNode", "GPUs per node", 1),
         PrinterColumn("Algorithm", "string", ".spec.algorithm", "verl adv_estimator", 1),

@@ -100,6 +100,11 @@ class EnvBackend(ABC):
     reusable: bool = True
     """True when a reset leaves nothing of the instance's earlier episodes, so an instance a
     session gave back may serve the next session; False closes it with its session."""
+    replayable: bool = True
+    """True when the same reset (data_idx, seed, env_config) and the same actions give the same
+    observations on any instance, so a client may rebuild a lost session's episode on another
+    server (``/tasks`` says so). The client compares hashes of the replayed observations with
+    those it saw, so an env that is not quite deterministic fails its replay, never diverges."""
 
     def check_config(self, env_config: dict[str, Any]) -> None:
         """Raise EnvInputError when env_config is not valid for this env (checked at /create)."""

@@ -1,10 +1,12 @@
 """Text FrozenLake: seeded solvable maps, a text grid, ``<action>up</action>`` moves.
 
-The map for an episode comes from ``(size, p, seed)``; ``seed`` is ``env_config["seed"]``, else
-the reset's ``seed``, else its ``data_idx``. Moves are deterministic; off-grid moves stay put.
-Reaching G scores 1 and ends the episode; a hole or the step limit ends it with 0. A reply that is
-not exactly one move is answered with an observation saying why, and counts as a step. With
-``moves: word``, a reply without a tag may also name its move as a bare word ("Down.").
+The map for an episode comes from ``(size, p, seed, layout)``; ``seed`` is
+``env_config["seed"]``, else the reset's ``seed``, else its ``data_idx``. S and G sit on any two
+cells, or with ``layout: classic`` in the top-left and bottom-right corners, as in Gymnasium's
+FrozenLake. Moves are deterministic; off-grid moves stay put. Reaching G scores 1 and ends the
+episode; a hole or the step limit ends it with 0. A reply that is not exactly one move is answered
+with an observation saying why, and counts as a step. With ``moves: word``, a reply without a tag
+may also name its move as a bare word ("Down.").
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ MOVES: dict[str, tuple[int, int]] = {
 ACTION_TAG = re.compile(r"<action>(.*?)</action>", re.IGNORECASE | re.DOTALL)
 MOVE_WORD = re.compile(rf"\b({'|'.join(MOVES)})\b", re.IGNORECASE)
 MoveStyle = Literal["tag", "word"]
+Layout = Literal["random", "classic"]
 HOW_TO_REPLY: dict[MoveStyle, str] = {
     "tag": (
         "Reply with one move: <action>up</action>, <action>down</action>, "
@@ -67,19 +70,27 @@ class FrozenLakeConfig(BaseModel):
         default="tag",
         description="tag: only <action>move</action>; word: also a bare move word without a tag.",
     )
+    # With S and G in fixed corners the right moves are always the same few: an easy curriculum.
+    layout: Layout = Field(
+        default="random",
+        description="random: S and G on any two cells; classic: S top-left, G bottom-right.",
+    )
 
 
 def parse_config(env_config: dict[str, Any]) -> FrozenLakeConfig:
     return parse_env_config(FrozenLakeConfig, env_config, "frozen_lake")
 
 
-def generate_map(size: int, p: float, seed: int) -> list[list[str]]:
+def generate_map(size: int, p: float, seed: int, layout: Layout = "random") -> list[list[str]]:
     """A size x size map with one S and one G joined by a hole-free path (deterministic in seed)."""
     rng = random.Random(f"frozen_lake/{size}/{p}/{seed}")
     cells = [(row, col) for row in range(size) for col in range(size)]
     for _ in range(MAP_ATTEMPTS):
         grid = [["F" if rng.random() < p else "H" for _ in range(size)] for _ in range(size)]
-        start, goal = rng.sample(cells, 2)
+        if layout == "classic":
+            start, goal = cells[0], cells[-1]
+        else:
+            start, goal = rng.sample(cells, 2)
         grid[start[0]][start[1]] = "S"
         grid[goal[0]][goal[1]] = "G"
         if _reachable(grid, start, goal):
@@ -139,7 +150,7 @@ class FrozenLakeInstance(EnvInstance):
         config = parse_config(params.env_config)
         seed = config.seed if config.seed is not None else episode_seed(params)
         self._config = config
-        self._grid = generate_map(config.size, config.p, seed)
+        self._grid = generate_map(config.size, config.p, seed, config.layout)
         self._pos = next(
             (row, col)
             for row, line in enumerate(self._grid)

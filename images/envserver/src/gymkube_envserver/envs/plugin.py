@@ -133,6 +133,9 @@ class PluginBackend(EnvBackend):
         self.canary_action = str(getattr(self.plugin_class, "canary_action", ""))
         # A plugin whose reset does not start from a clean slate says so with reusable = False.
         self.reusable = bool(getattr(self.plugin_class, "reusable", True))
+        # One whose episodes are not a function of reset and actions says replayable = False;
+        # by default a lost episode is replayed, and the client's canary catches a divergence.
+        self.replayable = bool(getattr(self.plugin_class, "replayable", True))
         self._tasks = seeded_tasks(
             self.name, class_name, ScoreScale(min=float(scale[0]), max=float(scale[1]))
         )

@@ -4,7 +4,9 @@ Each reset makes a fresh game with ``ta.make(GameId, **env_config)`` and resets 
 with ``seed`` (else ``data_idx``). The observation is the game's own text for player 0: the default
 game ids return the whole conversation so far; the ``-train`` variants (e.g. ``Sudoku-v0-train``)
 return the current board only. Reward and score are the game's final reward (-1..1; Sudoku: the
-fraction of the puzzle solved, 1 when complete), 0 until the game ends.
+fraction of the puzzle solved, 1 when complete), 0 until the game ends. Every reset is seeded and
+each game keeps its own random stream, so an episode is a function of its seed and moves: the
+env is replayable.
 
 Games that need a download (Wordle and Hangman want NLTK corpora) or more than one player are
 refused at startup with a clear message.
@@ -13,7 +15,10 @@ refused at startup with a clear message.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import random
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import textarena as ta
 
@@ -30,6 +35,7 @@ from gymkube_envserver.envs.base import (
 )
 from gymkube_envserver.wire import ScoreScale, TasksResponse
 
+T = TypeVar("T")
 PLAYER = 0
 OFFLINE_GAMES = (
     "Sudoku-v0",
@@ -62,14 +68,38 @@ def make_game(game_id: str, env_config: dict[str, Any], seed: int) -> Any:
     return game
 
 
+_PROCESS_RANDOM = threading.Lock()
+"""Held while a game draws from the process-wide ``random``, which TextArena games share."""
+
+
 class TextArenaInstance(EnvInstance):
     def __init__(self, game_id: str) -> None:
         self._game_id = game_id
         self._game: Any = None
+        self._random_state: Any = None
+
+    def _with_own_random(self, call: Callable[..., T], *args: Any) -> T:
+        """``call`` drawing from this game's own random stream.
+
+        TextArena seeds the module-level ``random`` at reset and some games draw from it while
+        playing (2048 spawns tiles, Minesweeper lays its mines at the first move): with sessions
+        interleaved, a game would draw what another left, and a replayed episode would differ.
+        """
+        with _PROCESS_RANDOM:
+            if self._random_state is not None:
+                random.setstate(self._random_state)
+            try:
+                return call(*args)
+            finally:
+                self._random_state = random.getstate()
 
     async def reset(self, params: ResetParams) -> ResetOutcome:
         seed = episode_seed(params)
-        self._game = await asyncio.to_thread(make_game, self._game_id, params.env_config, seed)
+        # The game's reset seeds the stream it then keeps.
+        self._random_state = None
+        self._game = await asyncio.to_thread(
+            self._with_own_random, make_game, self._game_id, params.env_config, seed
+        )
         _, observation = self._game.get_observation()
         return ResetOutcome(
             observation=str(observation),
@@ -82,7 +112,7 @@ class TextArenaInstance(EnvInstance):
 
     async def step(self, action: str) -> StepOutcome:
         game = self._game
-        done, info = await asyncio.to_thread(game.step, action)
+        done, info = await asyncio.to_thread(self._with_own_random, game.step, action)
         _, observation = game.get_observation()
         rewards = game.state.rewards if done else None
         reward = float(rewards.get(PLAYER, 0.0)) if rewards else 0.0

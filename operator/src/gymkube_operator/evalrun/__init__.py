@@ -1,0 +1,1 @@
+"""The EvalRun resource: score a model on held-out episodes through an EnvPool."""
