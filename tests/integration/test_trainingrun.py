@@ -234,6 +234,14 @@ class Runs:
     def event_reasons(self, run: str) -> set[str]:
         return set(self.events(run))
 
+    def wait_events(self, run: str, reasons: set[str]) -> None:
+        """Wait until the run has an Event for every one of reasons (Events are written after
+        the status they announce, so a reader can see the condition first)."""
+        eventually(
+            f"events {sorted(reasons)} on {run}",
+            lambda: reasons <= self.event_reasons(run) or None,
+        )
+
 
 def start_operator(kube: ControlPlane, namespace: str, log: Path) -> OperatorProcess:
     """gymkube-operator watching the namespace, resyncing every second, with test images."""
@@ -528,12 +536,9 @@ def test_a_run_waits_for_its_pool_then_preflights_then_trains_then_fails(
     )
     assert runs.condition("life", "Running")["status"] == "False"
     assert (runs.get("life") or {})["status"].get("completionTime")
-    assert {
-        "EnvPoolNotFound",
-        "PreflightStarted",
-        "PreflightSucceeded",
-        "TrainerFailed",
-    } <= (eventually("events", lambda: runs.event_reasons("life") or None))
+    runs.wait_events(
+        "life", {"EnvPoolNotFound", "PreflightStarted", "PreflightSucceeded", "TrainerFailed"}
+    )
     table = kube.kubectl("get", "trainingruns", "-n", runs.namespace).stdout
     header = ["NAME", "POOL", "PHASE", "NODES", "STEP", "TOTAL", "REWARD", "ETA", "RESTARTS", "AGE"]
     assert table.split()[: len(header)] == header
@@ -624,7 +629,7 @@ def test_a_disrupted_trainer_is_retried_uncounted_and_the_run_stays_running(
     runs.ready_pod("resume-train")
     runs.wait_condition("resume", "Running", "True", "TrainingRunning")
     assert not runs.job("resume-train").status.failed
-    assert "Evicted" in eventually("events", lambda: runs.event_reasons("resume") or None)
+    runs.wait_events("resume", {"Evicted"})
 
     # The trainer's own error still fails the run at once (backoffLimit 0), with its last line.
     runs.finish_pod("resume-train", 1, "RuntimeError: CUDA error: an illegal memory access")
@@ -882,9 +887,7 @@ def test_a_run_on_a_crash_looping_pool_says_why_and_fails_after_its_timeout(
     )
     assert SERVER_ERROR in failed["message"]
     assert runs.children("on-broken") == set()
-    assert {"EnvPoolDegraded", "EnvPoolTimeout"} <= eventually(
-        "events", lambda: runs.event_reasons("on-broken") or None
-    )
+    runs.wait_events("on-broken", {"EnvPoolDegraded", "EnvPoolTimeout"})
 
 
 def test_a_misspelled_override_fails_the_run_and_no_job_is_ever_created(
