@@ -26,24 +26,49 @@ OPT_IN = "GYMKUBE_E2E_KUBECONFIG"
 
 T = TypeVar("T")
 
-# Signals the env-server process inside its container: not PID 1 (tini, whose argv names the
+# Finds the env-server process inside its container: not PID 1 (tini, whose argv names the
 # server too, and which ignores signals sent from inside its namespace), not this script.
-SIGNAL_ENVSERVER = """
-import os, signal, sys
-me = os.getpid()
-for entry in os.listdir("/proc"):
-    if not entry.isdigit() or int(entry) in (1, me):
-        continue
-    try:
-        argv = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\\0")
-    except OSError:
-        continue
-    if any(os.path.basename(arg) == b"gymkube-envserver" for arg in argv):
-        os.kill(int(entry), getattr(signal, sys.argv[1]))
-        print(entry)
-        sys.exit(0)
-sys.exit("no gymkube-envserver process found")
+_FIND_ENVSERVER = """
+import json, os, signal, sys, time, urllib.request
+def envserver_pid():
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in (1, me):
+            continue
+        try:
+            argv = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\\0")
+        except OSError:
+            continue
+        if any(os.path.basename(arg) == b"gymkube-envserver" for arg in argv):
+            return int(entry)
+    sys.exit("no gymkube-envserver process found")
 """
+# argv: the signal's name.
+SIGNAL_ENVSERVER = (
+    _FIND_ENVSERVER
+    + """
+pid = envserver_pid()
+os.kill(pid, getattr(signal, sys.argv[1]))
+print(pid)
+"""
+)
+# argv: the server's port. Polls its /status from inside the pod, so the SIGSTOP lands within
+# tens of milliseconds of the next session's create.
+FREEZE_AT_NEXT_SESSION = (
+    _FIND_ENVSERVER
+    + """
+pid = envserver_pid()
+def served():
+    url = f"http://127.0.0.1:{sys.argv[1]}/status"
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        return json.load(answer)["served"]
+before = served()
+while served() == before:
+    time.sleep(0.05)
+os.kill(pid, signal.SIGSTOP)
+print(pid)
+"""
+)
 __all__ = [  # what the tests import from here, defined elsewhere
     "COMPONENT_LABEL",
     "ENVSERVER_PORT",
@@ -198,6 +223,22 @@ class Cluster(Kube):
             # before the exec has returned; the callers check that the server was brought back.
             if signal_name != "SIGKILL" or "exit code 137" not in str(exc):
                 raise
+
+    def freeze_envserver_at_next_session(self, namespace: str, pod: str, timeout: float) -> None:
+        """SIGSTOPs the env server in POD as soon as it creates its next session (waiting for it
+        up to TIMEOUT s): that session's episode has every turn still to play."""
+        self.kubectl(
+            "exec",
+            "-n",
+            namespace,
+            pod,
+            "--",
+            "python3",
+            "-c",
+            FREEZE_AT_NEXT_SESSION,
+            str(ENVSERVER_PORT),
+            timeout=timeout,
+        )
 
     def dump(self, namespace: str) -> str:
         """Operator logs, events and pod descriptions, for a failed test's report."""

@@ -143,32 +143,15 @@ def _run_status(operator: Cluster, namespace: str, name: str) -> dict[str, Any]:
     return status
 
 
-def _sessions_served(operator: Cluster, namespace: str) -> dict[str, int]:
-    """Each answering env-server pod's count of sessions created, by its own /status."""
-    found = {}
-    for pod in operator.names(api_path("v1", "pods", namespace), envserver_selector("lake")):
-        code, status = operator.pod_http(namespace, pod, ENVSERVER_PORT, "/status", timeout=5)
-        if code == 200:
-            found[pod] = int(status.get("served", 0))
-    return found
-
-
-def _freeze_as_episodes_start(operator: Cluster, namespace: str) -> str:
-    """SIGSTOP the first env server to create a session from now on (the next step's episodes
-    starting), so they have every turn still to play: each is cut off and must be replayed.
-    (Not "sessions open": a session whose client gave up on a slow server stays open until its
-    idle timeout.) Returns the pod."""
-    before = _sessions_served(operator, namespace)
-
-    def opened() -> str | None:
-        now = _sessions_served(operator, namespace)
-        return next((pod for pod, n in now.items() if n > before.get(pod, n)), None)
-
-    busy: str = wait_until(
-        opened, timeout=TRAINING_TIMEOUT_S, interval=0.2, what="the next step's episodes to start"
-    )
-    operator.signal_envserver(namespace, busy, "SIGSTOP")
-    return busy
+def _freeze_at_its_next_session(operator: Cluster, namespace: str) -> str:
+    """SIGSTOP one env server as it creates its next session (the next step's episodes starting;
+    the router spreads a step's episodes over both servers), so that episode has every turn still
+    to play: it is cut off and must be replayed. From inside the pod, as a poll from here and an
+    exec would take seconds, and an episode on a 2x2 lake may be over in two turns. Returns the
+    pod."""
+    pod = sorted(operator.names(api_path("v1", "pods", namespace), envserver_selector("lake")))[0]
+    operator.freeze_envserver_at_next_session(namespace, pod, timeout=TRAINING_TIMEOUT_S)
+    return pod
 
 
 def _replays_counted(operator: Cluster, namespace: str) -> int:
@@ -197,7 +180,7 @@ def _restart_operator(operator: Cluster, settings: E2ESettings) -> None:
 
 STEPS = 4
 # An env server is frozen as the episodes of a step after this one start (step 2, or step 3 when
-# the operator's status reads the trainer's log late).
+# step 2's had all been placed by the time the freeze was armed).
 FREEZE_AFTER_STEP = 1
 DELETE_AFTER_CHECKPOINT = 3  # the trainer pod is deleted once this step's checkpoint is written
 # A step on a 2-core node varies by several seconds from one to the next on its own.
@@ -216,7 +199,7 @@ def test_a_cpu_run_rides_out_a_frozen_server_a_deleted_trainer_and_an_operator_r
     # 1. As a later step's episodes start, the server holding some of them freezes (a hung JVM).
     logged = _logged_step(operator, namespace, FREEZE_AFTER_STEP)
     wait_until(logged, timeout=TRAINING_TIMEOUT_S, interval=0.5, what="step 1")
-    _freeze_as_episodes_start(operator, namespace)
+    _freeze_at_its_next_session(operator, namespace)
 
     # 2. Once step 3 is checkpointed (its line follows the save), the trainer pod is deleted (as a
     # drain or an eviction would), at once: a pod that goes on to step 4 may reach its memory
