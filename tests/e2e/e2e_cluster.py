@@ -249,8 +249,19 @@ class Cluster(Kube):
 # --- gymkube objects the tests create --------------------------------------------------------
 
 
+# For tests that freeze a server and wait for the watchdog: a silent server is replaced within
+# ~9 s, yet a live one on a starved two-core node (a ScienceWorld step can take 3 s there) is not.
+# Pools in other tests keep the watchdog's defaults: a 1 s timeout replaced busy servers in CI.
+FAST_WATCHDOG = {
+    "probePeriodSeconds": 3,
+    "probeTimeoutSeconds": 2,
+    "failureThreshold": 3,
+    "canaryIntervalSeconds": 0,
+}
+
+
 def envpool_manifest(name: str, env: str, replicas: int, **spec: Any) -> Object:
-    """A small EnvPool sized for a CI node: fast watchdog, canary off unless asked for."""
+    """A small EnvPool sized for a CI node: the default watchdog, canary off unless asked for."""
     body: Object = {
         "env": env,
         "replicas": replicas,
@@ -258,12 +269,7 @@ def envpool_manifest(name: str, env: str, replicas: int, **spec: Any) -> Object:
         "warmSessionsPerReplica": 1,
         "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
         "router": {"replicas": 1, "resources": {"requests": {"cpu": "20m", "memory": "64Mi"}}},
-        "watchdog": {
-            "probePeriodSeconds": 2,
-            "probeTimeoutSeconds": 1,
-            "failureThreshold": 3,
-            "canaryIntervalSeconds": 0,
-        },
+        "watchdog": {"canaryIntervalSeconds": 0},
     }
     body.update(spec)
     return {

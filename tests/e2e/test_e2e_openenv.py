@@ -7,6 +7,7 @@ import pytest
 from e2e_cluster import (
     COMPONENT_LABEL,
     ENVSERVER_PORT,
+    FAST_WATCHDOG,
     POOL_LABEL,
     Cluster,
     E2ESettings,
@@ -97,7 +98,12 @@ def test_bring_your_own_openenv_server_serves_openenv_clients_and_survives_a_fre
     operator: Cluster, settings: E2ESettings, namespace: str
 ) -> None:
     manifest = envpool_manifest(
-        "sudoku", "openenv", 2, image=settings.image("openenv-sudoku"), sessionsPerReplica=4
+        "sudoku",
+        "openenv",
+        2,
+        image=settings.image("openenv-sudoku"),
+        sessionsPerReplica=4,
+        watchdog=FAST_WATCHDOG,
     )
     operator.create(gymkube_path("envpools", namespace), manifest)
     pool = operator.wait_pool_ready(namespace, "sudoku")

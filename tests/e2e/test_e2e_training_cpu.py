@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from e2e_cluster import (
     ENVSERVER_PORT,
+    FAST_WATCHDOG,
     GROUP,
     VERSION,
     Cluster,
@@ -37,14 +38,8 @@ BATCH, ROLLOUTS = 2, 2
 TRAINING_TIMEOUT_S = 1500.0
 
 
-# The watchdog's settings in the test pool: a frozen server is found within PROBE x THRESHOLD s.
-WATCHDOG = {
-    "probePeriodSeconds": 2,
-    "probeTimeoutSeconds": 1,
-    "failureThreshold": 3,
-    "canaryIntervalSeconds": 0,
-}
-DETECTION_S = WATCHDOG["probePeriodSeconds"] * WATCHDOG["failureThreshold"]
+# The test pool's watchdog finds a frozen server within PROBE x THRESHOLD s.
+DETECTION_S = FAST_WATCHDOG["probePeriodSeconds"] * FAST_WATCHDOG["failureThreshold"]
 
 
 def _pool(replicas: int = 1) -> dict[str, Any]:
@@ -55,7 +50,7 @@ def _pool(replicas: int = 1) -> dict[str, Any]:
         replicas,
         sessionsPerReplica=8,
         envConfig={"size": 2, "moves": "word"},
-        watchdog=WATCHDOG,
+        watchdog=FAST_WATCHDOG,
     )
 
 
@@ -164,6 +159,19 @@ def _replays_counted(operator: Cluster, namespace: str) -> int:
     return total
 
 
+def _pool_restarts(operator: Cluster, namespace: str) -> int:
+    """Env-server pods the watchdog replaced, and containers the kubelet restarted."""
+    pool = operator.get(gymkube_path("envpools", namespace, "lake")) or {}
+    replaced = int(((pool.get("status") or {}).get("restarts") or {}).get("count", 0))
+    pods = operator.list_objects(api_path("v1", "pods", namespace), envserver_selector("lake"))
+    restarted = sum(
+        int(container.get("restartCount", 0))
+        for pod in pods
+        for container in (pod.get("status") or {}).get("containerStatuses") or []
+    )
+    return replaced + restarted
+
+
 def _restart_operator(operator: Cluster, settings: E2ESettings) -> None:
     namespace = settings.operator_namespace
     selector = f"{release_selector(settings.release)},app.kubernetes.io/component=operator"
@@ -251,10 +259,16 @@ def test_a_cpu_run_rides_out_a_frozen_server_a_deleted_trainer_and_an_operator_r
     assert FREEZE_AFTER_STEP < frozen_step <= DELETE_AFTER_CHECKPOINT, steps
     assert sum(line["episodesExcluded"] for line in steps.values()) == 0, steps
     assert sum(line["replayCanaryFailures"] for line in steps.values()) == 0, steps
-    # The env servers counted the same replays (the frozen one, replaced, was sent none).
-    assert _replays_counted(operator, namespace) == sum(
-        line["episodesReplayed"] for line in steps.values()
-    )
+    # The env servers counted the replays too (the frozen one, replaced, was sent none). A server
+    # the watchdog replaced for another reason (a starved node) took its count with it.
+    replays = sum(line["episodesReplayed"] for line in steps.values())
+    counted = _replays_counted(operator, namespace)
+    pool_restarts = _pool_restarts(operator, namespace)
+    print(json.dumps({"e2e_replays": replays, "counted": counted, "restarts": pool_restarts}))
+    if pool_restarts == 1:
+        assert counted == replays, steps
+    else:
+        assert 0 < counted <= replays, steps
     # The freeze cost its step no more than the time to find the server dead: against the
     # slowest other step after the first (the first also warms up).
     normal = max(

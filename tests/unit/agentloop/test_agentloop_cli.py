@@ -11,8 +11,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from agentloop_harness import EnvServer, ScriptedLLM, cli, instantiate_loop
+from gymkube_agentloop.client import CallStats
 from gymkube_agentloop.dataset import sample_indices
+from gymkube_agentloop.episode import Ending
 from gymkube_agentloop.policies import FrozenLakeShortestPath
+from gymkube_agentloop.preflight import EpisodeResult, parse_args, summarise
 from gymkube_agentloop.templates import BUILTIN_TEMPLATES
 from gymkube_dev.ports import free_port
 from omegaconf import OmegaConf
@@ -129,6 +132,25 @@ def test_preflight_fails_on_env_errors(start_env_server: Callable[..., EnvServer
     assert report["ok"] is False
     assert report["env_errors"] == {"at_capacity": 1}
     assert report["failures"][0]["ending"] == "env_error"
+
+
+def test_a_session_replayed_on_another_server_does_not_fail_the_preflight() -> None:
+    # What a pool whose server was replaced mid-episode gives: the loss is shown, and forgiven.
+    replayed = EpisodeResult(0, Ending.DONE, "", 1.0, 8, CallStats(), replays=1)
+    replayed.stats.errors["session_lost"] += 1
+    lost = EpisodeResult(1, Ending.ENV_LOST, "session_lost: gone", 0.0, 3, CallStats(), 2)
+    args = parse_args(["--env-url", "http://pool:8000", "--env", "frozen_lake"])
+
+    report = summarise([replayed], args)
+    assert report["ok"] is True
+    assert report["env_errors"] == {"session_lost": 1}
+    assert report["replays"] == 1
+
+    report = summarise([replayed, lost], args)
+    assert report["ok"] is False
+    assert report["failures"] == [
+        {"data_idx": 1, "ending": "env_lost", "detail": "session_lost: gone"}
+    ]
 
 
 def test_preflight_reports_an_unreachable_pool_without_a_traceback() -> None:
