@@ -84,9 +84,14 @@ base-image: ## Make the local Debian bookworm base images (debootstrap + docker 
 	hack/base-image.sh
 
 .PHONY: images
-images: install ## Build the envserver, router, operator and preflight images, then play episodes in them.
+images: install ## Build the six images (envserver, router, operator, preflight, CPU trainer, the OpenEnv Sudoku example), then play episodes in them.
 	hack/build-images.sh
 	$(PY) hack/smoke_images.py
+
+.PHONY: push
+push: install ## Tag and push the images to REGISTRY=host[:port][/prefix] (IMAGES='name ...' for some); writes out/push/values.yaml for the chart.
+	@test -n "$(REGISTRY)" || { echo "usage: make push REGISTRY=host[:port][/prefix] [IMAGES='name ...']" >&2; exit 2; }
+	$(PY) -m gymkube_dev.push $(REGISTRY) $(IMAGES)
 
 ##@ Clusters (kind: its own node image where Docker can pull it, else one built here; or the local single-node cluster)
 
@@ -129,5 +134,5 @@ bench-scale: install tools ## Operator at 100 and 1,000 pools x 10 servers on kw
 	$(PY) bench/scale.py
 
 .PHONY: test
-test: install tools ## Every tier this machine can run (the README's test command); the e2e cluster is readied while pytest runs.
+test: install ## Every tier this machine can run (the README's test command): tools and pytest, the e2e cluster readied and its suite run beside them.
 	MAKE="$(MAKE)" hack/test.sh

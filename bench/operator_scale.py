@@ -99,7 +99,7 @@ def run_bench(
     kube.kubectl("wait", "--for=condition=Established", f"crd/{ENVPOOL.name}", "--timeout=60s")
     kube.kubectl("create", "namespace", NAMESPACE)
     env = kube.env()
-    env.update(GYMKUBE_NAMESPACES=NAMESPACE, GYMKUBE_LIVENESS_PORT="0")
+    env.update(GYMKUBE_NAMESPACES=NAMESPACE, GYMKUBE_LIVENESS_PORT="0", GYMKUBE_METRICS_PORT="0")
     with log_path.open("wb") as log:
         operator = subprocess.Popen(
             [str(operator_bin)], env=env, stdout=log, stderr=subprocess.STDOUT

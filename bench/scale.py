@@ -139,6 +139,7 @@ def running_operator(
         KUBECONFIG=str(kube.kubeconfig_for_user(OPERATOR_USER, groups=["system:masters"])),
         GYMKUBE_NAMESPACES=NAMESPACE,
         GYMKUBE_LIVENESS_PORT="0",
+        GYMKUBE_METRICS_PORT="0",
         GYMKUBE_PROBE_ADDRESS_TEMPLATE=f"{farm}/{{namespace}}/{{name}}/{{uid}}",
         **settings,
     )

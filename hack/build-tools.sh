@@ -5,6 +5,7 @@
 #   hack/build-tools.sh                   # every tool but kubeadm
 #   hack/build-tools.sh etcd kubectl      # only these
 #   hack/build-tools.sh kubeadm           # only kind's node image needs it (hack/kind-node-image.sh)
+#   hack/build-tools.sh registry          # only the e2e suite's registry needs it (hack/registry.sh)
 #
 # Idempotent: a tool whose binary already reports the pinned version is skipped, so a warm run takes
 # seconds. Each tool group is built from a wrapper Go module under $GYMKUBE_CACHE/src/, never in the
@@ -13,10 +14,11 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib/tools.sh"
 
 KUBE_TOOLS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl kubeadm)
-ALL_TOOLS=("${KUBE_TOOLS[@]}" etcd helm kustomize kwok)
-# kubeadm goes only into kind's node image (hack/kind-node-image.sh asks for it by name).
+ALL_TOOLS=("${KUBE_TOOLS[@]}" etcd helm kustomize kwok registry)
+# kubeadm goes only into kind's node image (hack/kind-node-image.sh asks for it by name), the
+# registry only into the e2e suite's registry image (hack/registry.sh).
 DEFAULT_TOOLS=()
-for tool in "${ALL_TOOLS[@]}"; do [[ $tool == kubeadm ]] || DEFAULT_TOOLS+=("$tool"); done
+for tool in "${ALL_TOOLS[@]}"; do [[ $tool == kubeadm || $tool == registry ]] || DEFAULT_TOOLS+=("$tool"); done
 JOBS=${GYMKUBE_BUILD_JOBS:-2}
 SRC_DIR=$GYMKUBE_CACHE/src
 SCRATCH_DIR=$GYMKUBE_CACHE/scratch
@@ -37,6 +39,7 @@ expected_version() {
 	helm) echo "$HELM_VERSION" ;;
 	kustomize) echo "$KUSTOMIZE_VERSION" ;;
 	kwok) echo "$KWOK_VERSION" ;;
+	registry) echo "$DISTRIBUTION_VERSION" ;;
 	esac
 }
 
@@ -50,6 +53,8 @@ reported_version() {
 	kustomize) "$bin" version ;;
 	# "kwok version v0.8.0 go1.26.8 (linux/amd64)": the third word is its own version.
 	kwok) "$bin" --version | awk '{print $3}' ;;
+	# "registry github.com/distribution/distribution/v3 v3.1.2".
+	registry) "$bin" --version | awk '{print $3}' ;;
 	esac 2>/dev/null
 }
 
@@ -176,6 +181,17 @@ build_kwok() {
 		sigs.k8s.io/kwok/cmd/kwok
 }
 
+# The distribution registry; its version is a build-time -X as in its own Makefile.
+build_registry() {
+	local gomod dir=$SRC_DIR/distribution-$DISTRIBUTION_VERSION
+	gomod=$(module_gomod "github.com/distribution/distribution/v3@$DISTRIBUTION_VERSION")
+	[[ -n $gomod ]] || die "github.com/distribution/distribution/v3@$DISTRIBUTION_VERSION is not on the Go module proxy"
+	wrapper_header distribution "$gomod" |
+		prepare_wrapper "$dir" "github.com/distribution/distribution/v3/cmd/registry@$DISTRIBUTION_VERSION"
+	go_build "$dir" "-s -w -X github.com/distribution/distribution/v3/version.version=$DISTRIBUTION_VERSION" \
+		registry github.com/distribution/distribution/v3/cmd/registry
+}
+
 main() {
 	local requested=("$@") stale=() stale_kube=() tool
 	((${#requested[@]})) || requested=("${DEFAULT_TOOLS[@]}")
@@ -205,9 +221,10 @@ main() {
 		log "building ${stale_kube[*]} $KUBERNETES_VERSION (10-15 minutes on 2 cores with cold Go caches)"
 		build_kubernetes "${stale_kube[@]}"
 	fi
-	for tool in etcd helm kustomize kwok; do
+	for tool in etcd helm kustomize kwok registry; do
 		[[ " ${stale[*]} " == *" $tool "* ]] || continue
 		local version_var=${tool^^}_VERSION
+		[[ $tool == registry ]] && version_var=DISTRIBUTION_VERSION
 		log "building $tool ${!version_var}"
 		"build_$tool"
 	done

@@ -59,7 +59,8 @@ choose_cluster() {
 	esac
 }
 
-# cluster=kind|local, started_here=true|false, kubeconfig=PATH, one per line.
+# cluster=kind|local, started_here=true|false, kubeconfig=PATH, registry=HOST:PORT (kind), one
+# per line.
 E2E_STATE=out/e2e/cluster.env
 
 state() { sed -n "s/^$1=//p" "$E2E_STATE" 2>/dev/null; }
@@ -84,20 +85,28 @@ prepare() {
 		kubeconfig=$(hack/local-cluster.sh kubeconfig)
 	fi
 	printf 'kubeconfig=%s\n' "$kubeconfig" >>"$E2E_STATE"
+	if [[ $cluster == kind ]]; then
+		# A registry beside it for the test that pulls the images (pushed by `run`).
+		hack/registry.sh up
+		printf 'registry=%s\n' "$(hack/registry.sh address)" >>"$E2E_STATE"
+	fi
 }
 
 run() {
 	local kubeconfig
 	kubeconfig=$(state kubeconfig)
 	[[ -n $kubeconfig ]] || { say "error: no cluster is ready for e2e; run \`$0 prepare\` first"; exit 2; }
-	GYMKUBE_E2E_KUBECONFIG=$kubeconfig GYMKUBE_E2E_IMAGE_TAG=$tag \
-		.venv/bin/python -m pytest -m e2e tests/e2e "$@"
+	# Here, not in prepare: gzip of the pushed layers takes both cores for a minute or more, which
+	# made Ray time out starting in a pytest run beside `make test`'s prepare.
+	[[ -z $(state registry) ]] || hack/registry.sh push
+	GYMKUBE_E2E_KUBECONFIG=$kubeconfig GYMKUBE_E2E_IMAGE_TAG=$tag GYMKUBE_E2E_REGISTRY=$(state registry) \
+		.venv/bin/python -m pytest -m e2e --durations=0 tests/e2e "$@"
 }
 
 down() {
 	if [[ $(state started_here) == true ]]; then
 		case $(state cluster) in
-		kind) hack/kind-down.sh ;;
+		kind) hack/registry.sh down && hack/kind-down.sh ;;
 		local) hack/local-cluster.sh down ;;
 		esac
 	fi

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# `make test`: `pytest tests` (unit, then integration), then the e2e tier (hack/test-e2e.sh).
+# `make test`: the Kubernetes tools, `pytest tests` (unit, then integration), then the e2e tier
+# (hack/test-e2e.sh).
 #
 # Readying the e2e cluster (`make images`, the cluster, the images loaded into its node) takes
-# minutes, mostly Docker and the disk, while pytest mostly waits on its own servers and the CPU,
-# so the two run side by side; the e2e suite starts once both are done. The readying's output
-# goes to $PREPARE_LOG and is printed after pytest's.
+# minutes, mostly Docker and the disk, while the tools build and pytest mostly wait on their own
+# servers and the CPU, so they run side by side; the e2e suite starts once both are done (run
+# beside pytest, its cluster and trainings made pytest's timing-bound tests fail on 2 cores).
+# The readying's output goes to $PREPARE_LOG and is printed after pytest's.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -30,8 +32,12 @@ setsid bash -c '"$1" --no-print-directory images && hack/test-e2e.sh prepare &&
 	>"$PREPARE_LOG" 2>&1 </dev/null &
 prepare_pid=$!
 
+# The Kubernetes tools pytest's integration tier needs and the e2e suite's registry, built (niced)
+# while the images are; the kind node image waits for them (one builder at a time).
+hack/build-tools.sh
+hack/build-tools.sh registry
 # Two workers (tests/conftest.py says what shares one): the tests mostly wait on their own servers.
-.venv/bin/python -m pytest -n 2 tests
+.venv/bin/python -m pytest -n 2 --durations=20 tests
 
 say "pytest passed; waiting for the e2e cluster"
 prepare_rc=0

@@ -59,6 +59,14 @@ kind_node_image() {
 kind_cluster_config() {
 	echo "kind: Cluster"
 	echo "apiVersion: kind.x-k8s.io/v1alpha4"
+	# Registry hosts from /etc/containerd/certs.d, where hack/registry.sh points localhost:5001
+	# at the e2e suite's registry.
+	cat <<'CONFIG'
+containerdConfigPatches:
+- |-
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "/etc/containerd/certs.d"
+CONFIG
 	[[ $1 == "$KIND_LOCAL_NODE_IMAGE" ]] || return 0
 	cat <<CONFIG
 networking:

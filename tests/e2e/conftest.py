@@ -14,7 +14,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from e2e_cluster import OPT_IN, Cluster, E2ESettings, api_path, gymkube_path, wait_until
+from e2e_cluster import (
+    OPT_IN,
+    Cluster,
+    E2ESettings,
+    api_path,
+    chart_values,
+    gymkube_path,
+    wait_until,
+)
 from gymkube_dev import chart
 from gymkube_dev.kube import KubeError
 from gymkube_operator.labels import COMPONENT_LABEL
@@ -70,26 +78,11 @@ def cluster(settings: E2ESettings) -> Cluster:
     return cluster
 
 
-def _chart_values(settings: E2ESettings) -> dict[str, Any]:
-    """Values pointing the chart at the images under test (loaded into the cluster, not pulled)."""
-    tag = {"tag": settings.image_tag}
-    return {
-        "image": {"tag": settings.image_tag, "pullPolicy": settings.image_pull_policy},
-        "defaultImages": {
-            "envServer": tag,
-            "router": tag,
-            "preflight": tag,
-            "trainerCpu": tag,
-            "pullPolicy": settings.image_pull_policy,
-        },
-    }
-
-
 @pytest.fixture(scope="session")
 def operator(cluster: Cluster, settings: E2ESettings) -> Iterator[Cluster]:
     """The chart installed (or upgraded) through pyhelm3; uninstalled after the session."""
     namespace = settings.operator_namespace
-    values = _chart_values(settings)
+    values = chart_values(settings)
     chart.install(cluster, settings.release, namespace, values, wait=True, chart_dir=settings.chart)
     yield cluster
     # Test namespaces are deleted without waiting (the next test need not wait for them), but

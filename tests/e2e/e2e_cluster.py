@@ -104,6 +104,11 @@ class E2ESettings(BaseSettings):
         600.0, description="EnvPool apply → Ready (ScienceWorld starts JVMs)."
     )
     pod_start_timeout_s: float = Field(180.0, description="A replaced env pod becoming Ready.")
+    registry: str | None = Field(
+        None,
+        description="A registry holding the images (hack/registry.sh; host:port), which the "
+        "registry test moves the operator and its default images to.",
+    )
 
     def image(self, component: str) -> str:
         return image_ref(component, self.image_tag)
@@ -112,6 +117,21 @@ class E2ESettings(BaseSettings):
     def preflight_image(self) -> str:
         """The image with gymkube-preflight, as the operator's preflight Jobs use."""
         return self.image("preflight")
+
+
+def chart_values(settings: E2ESettings) -> dict[str, Any]:
+    """Values pointing the chart at the images under test (loaded into the cluster, not pulled)."""
+    tag = {"tag": settings.image_tag}
+    return {
+        "image": {"tag": settings.image_tag, "pullPolicy": settings.image_pull_policy},
+        "defaultImages": {
+            "envServer": tag,
+            "router": tag,
+            "preflight": tag,
+            "trainerCpu": tag,
+            "pullPolicy": settings.image_pull_policy,
+        },
+    }
 
 
 def wait_until(

@@ -1,5 +1,6 @@
 """OpenEnv's WebSocket protocol through a real pool Service: an episode over /ws from a pod on
-gymkube's env server, and a bring-your-own OpenEnv server pool (examples/openenv-sudoku)."""
+gymkube's env server, a bring-your-own OpenEnv server pool (examples/openenv-sudoku), and OpenEnv's
+own client starting pools from outside the cluster through gymkube's provider."""
 
 import json
 
@@ -17,6 +18,8 @@ from e2e_cluster import (
     gymkube_path,
     wait_until,
 )
+from gymkube_agentloop.openenv_provider import GymkubeProvider, PoolFailed
+from openenv.core.generic_client import GenericEnvClient
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -137,3 +140,59 @@ def test_bring_your_own_openenv_server_serves_openenv_clients_and_survives_a_fre
     wait_until(replaced, timeout=settings.pod_start_timeout_s, what=f"a new {victim} to be Ready")
     operator.wait_pool_ready(namespace, "sudoku", extra=lambda p: p["status"]["readyReplicas"] == 2)
     assert _play_with_openenv_client(operator, namespace, victim)["steps"] == 1
+
+
+def _provider(
+    operator: Cluster, settings: E2ESettings, namespace: str, image: str | None = None
+) -> GymkubeProvider:
+    return GymkubeProvider(
+        namespace,
+        image=image,
+        api_client=operator.api_client,
+        in_cluster=False,
+        ready_timeout_s=settings.pool_ready_timeout_s,
+    )
+
+
+def _pools(operator: Cluster, namespace: str) -> list[str]:
+    listed = operator.get(gymkube_path("envpools", namespace)) or {}
+    return [str(pool["metadata"]["name"]) for pool in listed.get("items", [])]
+
+
+def test_openenvs_client_starts_an_image_as_a_pool_through_gymkubes_provider(
+    operator: Cluster, settings: E2ESettings, namespace: str
+) -> None:
+    """From this machine, outside the cluster: OpenEnv's from_docker_image with gymkube as its
+    provider runs the bring-your-own Sudoku image as a pool, plays through a port the provider
+    forwards, and closing the client deletes the pool."""
+    provider = _provider(operator, settings, namespace)
+    bootstrap = GenericEnvClient.from_docker_image(
+        settings.image("openenv-sudoku"), provider=provider, sessions_per_replica=4
+    )
+    with bootstrap.sync() as env:
+        assert str(env.base_url).startswith("http://127.0.0.1:")
+        pool = provider.pool
+        assert _pools(operator, namespace) == [pool]
+        first = env.reset(seed=3)
+        assert "Sudoku" in first.observation["prompt"]
+        assert env.step({"message": "[1 1 5]"}).done is False
+        assert env.state()["step_count"] == 1
+    wait_until(lambda: not _pools(operator, namespace), timeout=60, what=f"{pool} deleted")
+
+
+def test_a_built_in_env_by_name_and_a_bad_image_through_the_provider(
+    operator: Cluster, settings: E2ESettings, namespace: str
+) -> None:
+    lake = _provider(operator, settings, namespace, image="gymkube:frozen_lake")
+    with GenericEnvClient(provider=lake).sync() as env:
+        first = env.reset(seed=3)
+        assert "FrozenLake" in first.observation["task_description"]
+        assert env.step({"message": "<action>down</action>"}).metadata["step_count"] == 1
+    wait_until(lambda: not _pools(operator, namespace), timeout=60, what="the lake pool deleted")
+
+    missing = "registry.invalid/gymkube/no-such-env:0"
+    with pytest.raises(PoolFailed, match=r"is ImagePullFailed: .*no-such-env"):
+        GenericEnvClient.from_docker_image(
+            missing, provider=_provider(operator, settings, namespace)
+        ).sync()
+    wait_until(lambda: not _pools(operator, namespace), timeout=60, what="the failed pool deleted")

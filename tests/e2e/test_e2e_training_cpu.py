@@ -186,6 +186,15 @@ def _restart_operator(operator: Cluster, settings: E2ESettings) -> None:
     wait_until(replaced, timeout=180, what="a new operator pod to be Ready")
 
 
+def _operator_env(operator: Cluster, settings: E2ESettings) -> dict[str, str]:
+    """The operator container's environment, as the chart rendered it."""
+    namespace = settings.operator_namespace
+    selector = release_selector(settings.release)
+    (deployment,) = operator.list_objects(api_path("apps/v1", "deployments", namespace), selector)
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return {item["name"]: str(item.get("value", "")) for item in container.get("env", [])}
+
+
 STEPS = 4
 # An env server is frozen as the episodes of a step after this one start (step 2, or step 3 when
 # step 2's had all been placed by the time the freeze was armed).
@@ -251,12 +260,14 @@ def test_a_cpu_run_rides_out_a_frozen_server_a_deleted_trainer_and_an_operator_r
     steps = {line["step"]: line for line in first_steps + resumed_steps}
     print(json.dumps({"e2e_fault_steps": list(steps.values())}))
     assert all(line["episodes"] == BATCH * ROLLOUTS for line in steps.values()), steps
-    # The first step with replays is the frozen one (a later one may replay too, where a starved
-    # node made a server miss the client's deadline).
+    # The first step with replays after the freeze was armed is the frozen one. Any step may
+    # replay too where a starved node made a server miss the client's deadline (a cold CI run
+    # replayed one episode of step 1, 120 s long, and trained it).
     replayed = [step for step, line in steps.items() if line["episodesReplayed"] > 0]
-    assert replayed, steps
-    frozen_step = min(replayed)
-    assert FREEZE_AFTER_STEP < frozen_step <= DELETE_AFTER_CHECKPOINT, steps
+    after_freeze = [step for step in replayed if step > FREEZE_AFTER_STEP]
+    assert after_freeze, steps
+    frozen_step = min(after_freeze)
+    assert frozen_step <= DELETE_AFTER_CHECKPOINT, steps
     assert sum(line["episodesExcluded"] for line in steps.values()) == 0, steps
     assert sum(line["replayCanaryFailures"] for line in steps.values()) == 0, steps
     # The env servers counted the replays too (the frozen one, replaced, was sent none). A server
@@ -269,6 +280,13 @@ def test_a_cpu_run_rides_out_a_frozen_server_a_deleted_trainer_and_an_operator_r
         assert counted == replays, steps
     else:
         assert 0 < counted <= replays, steps
+    # The trainer ran the operator's default CPU trainer image: after the registry test's
+    # upgrade (earlier in the suite), the one pulled from the registry.
+    pod = operator.get(api_path("v1", "pods", namespace, resumed_pod)) or {}
+    (image,) = {c["image"] for c in pod["spec"]["containers"] if c["name"] == "trainer"}
+    print(json.dumps({"e2e_trainer_image": image}))
+    assert image == _operator_env(operator, settings)["GYMKUBE_CPU_TRAINER_IMAGE"]
+
     # The freeze cost its step no more than the time to find the server dead: against the
     # slowest other step after the first (the first also warms up).
     normal = max(

@@ -11,6 +11,7 @@ from e2e_cluster import (
     Cluster,
     E2ESettings,
     api_path,
+    condition,
     condition_is,
     envpool_manifest,
     gymkube_path,
@@ -94,6 +95,15 @@ def test_one_node_run_waits_for_its_pool_passes_preflight_and_creates_the_gpu_jo
         )
 
     wait_until(unschedulable, timeout=120, what="the GPU pod to be reported Unschedulable")
-    final = operator.get(gymkube_path("trainingruns", namespace, "grpo"))
+
+    def says_why() -> Any:
+        run = operator.get(gymkube_path("trainingruns", namespace, "grpo")) or {}
+        message = (condition(run, "Running") or {}).get("message", "")
+        return run if "cannot start: unschedulable" in message and "gpu" in message else None
+
+    # The run itself says why it waits, in the scheduler's words (the next reconcile, within
+    # the operator's resync period).
+    final = wait_until(says_why, timeout=120, what="the run to say its pod is unschedulable")
+    assert final["status"]["phase"] == "Starting"
     assert not condition_is(final, "Succeeded")
     assert not condition_is(final, "Failed")

@@ -1,4 +1,5 @@
-"""Integration fixtures: one private control plane per session, one namespace per test."""
+"""Integration fixtures: one private control plane per session, one namespace per test, the
+CRDs and an operator for it (modules that need other ones define their own)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ import re
 import secrets
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import kubernetes
 import pytest
 from controlplane import ControlPlane, running_control_plane
+from operator_support import Cluster, OperatorProcess, install_crds, running_operator
 
 SERVICE_ACCOUNT_TIMEOUT_S = 60.0
 _startup_seconds = pytest.StashKey[float]()
@@ -49,3 +52,18 @@ def namespace(kube: ControlPlane, request: pytest.FixtureRequest) -> Iterator[st
             time.sleep(0.1)
         yield name
         core.delete_namespace(name)
+
+
+@pytest.fixture
+def cluster(kube: ControlPlane, namespace: str) -> Iterator[Cluster]:
+    """The test's namespace, every gymkube CRD installed (applying them again changes nothing)."""
+    install_crds(kube)
+    with kube.api_client() as client:
+        yield Cluster(client, namespace)
+
+
+@pytest.fixture
+def operator(kube: ControlPlane, cluster: Cluster, tmp_path: Path) -> Iterator[OperatorProcess]:
+    """`gymkube-operator` watching the test's namespace."""
+    with running_operator(kube, cluster, tmp_path / "operator.log") as process:
+        yield process

@@ -19,6 +19,7 @@ import pytest
 from controlplane import ControlPlane
 from gymkube_dev.ports import free_port
 from gymkube_operator.crds.catalog import RESOURCES, package_file
+from prometheus_client.parser import text_string_to_metric_families
 
 T = TypeVar("T")
 GROUP, VERSION, PLURAL = "gymkube.io", "v1alpha1", "envpools"
@@ -194,8 +195,13 @@ class OperatorProcess:
 
     def __init__(self, kube: ControlPlane, namespace: str, log_path: Path) -> None:
         self.log_path = log_path
+        self.metrics_port = free_port()
         env = kube.env()
-        env.update(GYMKUBE_NAMESPACES=namespace, GYMKUBE_LIVENESS_PORT="0")
+        env.update(
+            GYMKUBE_NAMESPACES=namespace,
+            GYMKUBE_LIVENESS_PORT="0",
+            GYMKUBE_METRICS_PORT=str(self.metrics_port),
+        )
         with log_path.open("ab") as log:
             self.popen = subprocess.Popen(
                 [str(BIN_DIR / "gymkube-operator")],
@@ -204,6 +210,17 @@ class OperatorProcess:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """Its /metrics as {(sample name, sorted labels): value}."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            text = response.read().decode()
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        }
 
     def kill(self) -> None:
         """SIGKILL: no cleanup at all, as when a node dies under the operator."""

@@ -190,6 +190,20 @@ def test_pool_becomes_ready_when_its_pods_are_ready(
     status = eventually("capacity in status", lambda: _status_with(cluster, "ready", capacity=8))
     assert status["readyReplicas"] == 2
 
+    # The operator's /metrics count it: the pool Ready and healthy, its passes, its API requests.
+    pools = (
+        "gymkube_operator_envpools",
+        (("degraded", "Healthy"), ("kind", "EnvPool"), ("ready", "true")),
+    )
+    metrics = eventually(
+        "the Ready pool in /metrics", lambda: (m := operator.metrics()).get(pools) and m
+    )
+    assert metrics[pools] == 1
+    ok = ("gymkube_operator_reconciles_total", (("kind", "EnvPool"), ("result", "ok")))
+    assert metrics[ok] >= 1
+    applied = ("gymkube_operator_api_requests_total", (("code", "200"), ("method", "PATCH")))
+    assert metrics[applied] >= 1
+
 
 def _status_with(cluster: Cluster, name: str, **fields: Any) -> dict[str, Any] | None:
     pool = cluster.get(name) or {}

@@ -22,7 +22,7 @@ from gymkube_operator.envpool.builders import build_statefulset, owner
 from gymkube_operator.envpool.models import EnvPoolSpec
 from gymkube_operator.main import run
 from gymkube_operator.settings import OperatorSettings
-from operator_support import Cluster, EnvServer, envpool, eventually, install_crds
+from operator_support import Cluster, EnvServer, envpool, eventually
 
 pytestmark = pytest.mark.integration
 
@@ -58,13 +58,6 @@ def pod_uid(cluster: Cluster, name: str) -> str | None:
     return None
 
 
-@pytest.fixture
-def cluster(kube: ControlPlane, namespace: str) -> Iterator[Cluster]:
-    install_crds(kube)
-    with kube.api_client() as client:
-        yield Cluster(client, namespace)
-
-
 def in_process_operator(
     kube: ControlPlane,
     namespace: str,
@@ -72,7 +65,7 @@ def in_process_operator(
     monkeypatch: pytest.MonkeyPatch,
 ) -> tuple[threading.Thread, threading.Event]:
     monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig))
-    settings = OperatorSettings(namespaces=[namespace], liveness_port=0)
+    settings = OperatorSettings(namespaces=[namespace], liveness_port=0, metrics_port=0)
 
     def resolve(pod: dict[str, Any], port: int) -> str | None:
         # The operator asks for a pod's address on the pool's port or its admin port.

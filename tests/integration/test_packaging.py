@@ -19,6 +19,7 @@ import yaml
 from controlplane import REPO_ROOT, ControlPlane, KubectlError
 from gymkube_dev.ports import free_port
 from gymkube_dev.processes import stop
+from gymkube_dev.push import CHART_IMAGE_VALUES, pushed_ref, pushed_values
 from gymkube_operator.envpool.builders import build_children, owner, parse_spec
 from gymkube_operator.settings import OperatorSettings
 from operator_support import wait_for_crds
@@ -32,10 +33,15 @@ OVERLAYS = sorted(
 )
 BASE_NAMESPACE = "gymkube-system"
 RELEASE = "gymkube"
-# The Prometheus Operator release whose ServiceMonitor CRD the chart's ServiceMonitor is checked
-# against (fetched once through the Go module proxy into the module cache).
+# The Prometheus Operator release whose ServiceMonitor and PodMonitor CRDs the chart's monitors
+# are checked against (fetched once through the Go module proxy into the module cache).
 PROMETHEUS_OPERATOR_MODULE = "github.com/prometheus-operator/prometheus-operator@v0.85.0"
-SERVICEMONITOR_CRD = "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml"
+MONITOR_CRDS = {
+    f"{plural}.monitoring.coreos.com": (
+        f"example/prometheus-operator-crd/monitoring.coreos.com_{plural}.yaml"
+    )
+    for plural in ("servicemonitors", "podmonitors")
+}
 TIMEOUT_S = 120
 
 # What the operator does through the API, as (verb, group, resource): kopf's watches and patches,
@@ -122,20 +128,21 @@ def crds(kube: ControlPlane) -> None:
 
 
 @pytest.fixture(scope="module")
-def servicemonitor_crd(kube: ControlPlane) -> None:
-    """The real ServiceMonitor CRD of the Prometheus Operator, from its Go module."""
+def monitor_crds(kube: ControlPlane) -> None:
+    """The real ServiceMonitor and PodMonitor CRDs of the Prometheus Operator, from its Go
+    module."""
     download = subprocess.run(
         ["go", "mod", "download", "-json", PROMETHEUS_OPERATOR_MODULE],
         capture_output=True, text=True, timeout=600, cwd=kube.workdir,
     )  # fmt: skip
     if download.returncode != 0:
         pytest.fail(f"go mod download {PROMETHEUS_OPERATOR_MODULE}: {download.stdout}")
-    crd = Path(json.loads(download.stdout)["Dir"]) / SERVICEMONITOR_CRD
-    kube.kubectl("apply", "--server-side", "-f", str(crd))
-    kube.kubectl(
-        "wait", "--for=condition=Established", f"--timeout={TIMEOUT_S}s",
-        "crd/servicemonitors.monitoring.coreos.com",
-    )  # fmt: skip
+    module = Path(json.loads(download.stdout)["Dir"])
+    for name, crd in MONITOR_CRDS.items():
+        kube.kubectl("apply", "--server-side", "-f", str(module / crd))
+        kube.kubectl(
+            "wait", "--for=condition=Established", f"--timeout={TIMEOUT_S}s", f"crd/{name}"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +196,7 @@ def test_values_schema_rejects_typos_and_bad_values(
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda p: p.name)
-@pytest.mark.usefixtures("crds", "servicemonitor_crd", "watched_namespaces")
+@pytest.mark.usefixtures("crds", "monitor_crds", "watched_namespaces")
 def test_chart_scenario_passes_server_side_dry_run(
     kube: ControlPlane, namespace: str, scenario: Path
 ) -> None:
@@ -199,6 +206,21 @@ def test_chart_scenario_passes_server_side_dry_run(
     applied = dry_run(kube, manifests)
     assert any(line.startswith(f"deployment.apps/{RELEASE}") for line in applied), applied
     assert all(line.endswith("(server dry run)") for line in applied), applied
+
+
+def test_the_values_make_push_writes_take_every_image_from_the_registry(
+    kube: ControlPlane, namespace: str, tmp_path: Path
+) -> None:
+    registry = "registry.example.com:5000/team"
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump(pushed_values(registry, list(CHART_IMAGE_VALUES))))
+    documents = yaml.safe_load_all(helm_template(kube, namespace, "--values", str(values)))
+    (deployment,) = [d for d in documents if d and d["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    images = [container["image"]] + [
+        item["value"] for item in container["env"] if item["name"].endswith("_IMAGE")
+    ]
+    assert sorted(images) == sorted(pushed_ref(registry, name) for name in CHART_IMAGE_VALUES)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)

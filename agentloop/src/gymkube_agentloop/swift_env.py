@@ -7,7 +7,8 @@ Load it with ``--external_plugins`` (this file's path) and point dataset rows at
         --external_plugins "$PLUGIN"
 
     {"messages": [{"role": "user", "content": "<placeholder>"}],
-     "env_config": {"name": "gymkube", "base_url": "http://sciworld.default:8080", "data_idx": 7}}
+     "env_config": {"name": "gymkube", "base_url": "http://sciworld.default.svc:8000",
+                    "data_idx": 7}}
 
 Each trajectory is one pool session over gymkube's HTTP protocol: ``reset`` creates and resets
 it, ``step`` sends the model's last reply as the action, ``close`` closes it. A session lost

@@ -72,3 +72,14 @@ The namespaces the operator watches: the watch list, or none for the whole clust
 {{- define "gymkube.clusterWide" -}}
 {{- if not .Values.watchNamespaces }}true{{ end }}
 {{- end }}
+
+{{/*
+A label map as the operator's *_LABELS settings read it: key=value,key=value (sorted keys).
+*/}}
+{{- define "gymkube.labelList" -}}
+{{- $pairs := list }}
+{{- range $key, $value := . }}
+{{- $pairs = append $pairs (printf "%s=%s" $key $value) }}
+{{- end }}
+{{- join "," $pairs }}
+{{- end }}

@@ -11,6 +11,7 @@ from urllib.parse import quote, urlencode
 import aiohttp
 import kopf
 
+from gymkube_operator import metrics
 from gymkube_operator.kinds import API_VERSION
 from gymkube_operator.objects import Object
 
@@ -68,6 +69,7 @@ class KubeClient:
             connector=aiohttp.TCPConnector(ssl=info.as_ssl_context(), limit=64),
             headers={**info.as_http_headers(), "User-Agent": field_manager},
             timeout=aiohttp.ClientTimeout(total=60),
+            trace_configs=[metrics.api_request_trace()],
         )
         return cls(session, info.server, field_manager)
 

@@ -11,8 +11,10 @@ import threading
 from typing import Any
 
 import kopf
+from aiohttp import web
 from pydantic import ValidationError
 
+from gymkube_operator import metrics
 from gymkube_operator.envpool import handlers as envpool_handlers
 from gymkube_operator.envpool.prober import AddressResolver
 from gymkube_operator.evalrun import handlers as evalrun_handlers
@@ -70,8 +72,17 @@ def build_registry(runtime: Runtime) -> kopf.OperatorRegistry:
         await runtime.connect(info)
         return info
 
+    served: list[web.AppRunner] = []
+
+    @kopf.on.startup(registry=registry)
+    async def serve_metrics(**_: Any) -> None:
+        if runtime.settings.metrics_port:
+            served.append(await metrics.start_server("0.0.0.0", runtime.settings.metrics_port))
+
     @kopf.on.cleanup(registry=registry)
     async def close(**_: Any) -> None:
+        for runner in served:
+            await runner.cleanup()
         await runtime.close()
 
     envpool_handlers.register(registry, runtime)

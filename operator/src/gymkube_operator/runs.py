@@ -11,6 +11,7 @@ from typing import Any, Protocol, cast
 
 import kopf
 
+from gymkube_operator import metrics
 from gymkube_operator.conditions import Condition, ConditionStatus, find_condition, parse_rfc3339
 from gymkube_operator.kinds import API_VERSION, GROUP, VERSION
 from gymkube_operator.objects import Object
@@ -149,7 +150,11 @@ def register_daemon(
             return await reconcile(key[0], name)
 
         try:
-            await reconcile_until_stopped(f"{kind} {key[0]}/{name}", reconcile_once, event, stopped)
+            what = f"{kind} {key[0]}/{name}"
+            await reconcile_until_stopped(kind, what, reconcile_once, event, stopped)
         finally:
             runs.wakes.pop(key, None)
             runs.pools.pop(key, None)
+            metrics.RUNS.forget(kind, *key)
+            if kind == "TrainingRun":
+                metrics.RUN_PROGRESS.forget(*key)

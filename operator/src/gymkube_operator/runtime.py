@@ -7,11 +7,13 @@ import dataclasses
 import logging
 import math
 import random
+import time
 from collections.abc import Awaitable, Callable
 
 import aiohttp
 import kopf
 
+from gymkube_operator import metrics
 from gymkube_operator.envpool.prober import AddressResolver, address_resolver
 from gymkube_operator.kube import KubeClient, KubeError
 from gymkube_operator.settings import OperatorSettings
@@ -28,6 +30,7 @@ woken), or None when the object needs no more passes (gone, or deleted by its TT
 
 
 async def reconcile_until_stopped(
+    kind: str,
     what: str,
     reconcile_once: Pass,
     wake: asyncio.Event,
@@ -41,14 +44,17 @@ async def reconcile_until_stopped(
     try:
         while not stopped:
             wake.clear()
+            started = time.monotonic()
+            result = "ok"
             try:
                 delay = await reconcile_once()
             except (KubeError, aiohttp.ClientError, TimeoutError) as error:
                 logger.warning("%s: %s; retrying", what, str(error) or type(error).__name__)
-                delay = _retry_delay()
+                delay, result = _retry_delay(), "api_error"
             except Exception:
                 logger.exception("%s: reconcile failed; retrying", what)
-                delay = _retry_delay()
+                delay, result = _retry_delay(), "error"
+            metrics.count_pass(kind, result, time.monotonic() - started)
             if delay is None:
                 return
             with contextlib.suppress(TimeoutError):

@@ -37,7 +37,9 @@ class OperatorSettings(BaseSettings):
         "gymkube/preflight:0.1.0", description="Preflight image when a TrainingRun names none."
     )
     trainingrun_resync_seconds: float = Field(
-        30.0, gt=0, description="How often a TrainingRun is reconciled without any watch event."
+        30.0,
+        gt=0,
+        description="How often a TrainingRun or EvalRun is reconciled without any watch event.",
     )
     trainingrun_progress_seconds: float = Field(
         10.0,
@@ -62,8 +64,9 @@ class OperatorSettings(BaseSettings):
         DEFAULT_PROBE_ADDRESS,
         description=(
             "Base URL the watchdog probes for each env-server pod, from the fields pod_ip, port "
-            "(the admin port), name, namespace and uid. The default is the pod's own IP; set it "
-            "only for special networks or tests (bench/scale.py points it at a loopback farm)."
+            "(the pool's session port, where /status is), name, namespace and uid. The default "
+            "is the pod's own IP; set it only for special networks or tests (bench/scale.py "
+            "points it at a loopback farm)."
         ),
     )
     apply_concurrency: int = Field(
@@ -90,6 +93,24 @@ class OperatorSettings(BaseSettings):
         default_factory=dict,
         description="Labels that select the operator pod, as key=value,key=value.",
     )
+    metrics_scraper_namespace_labels: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description=(
+            "Labels of the namespaces whose pods may scrape the env servers' /metrics through the "
+            "pools' NetworkPolicies, as key=value,key=value (with metrics_scraper_pod_labels; "
+            "either empty matches all; both empty admits no scraper)."
+        ),
+    )
+    metrics_scraper_pod_labels: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description="Labels of the pods that may scrape the env servers' /metrics, key=value,...",
+    )
+    metrics_port: int = Field(
+        8081,
+        ge=0,
+        le=65535,
+        description="Port of the operator's Prometheus metrics (/metrics); 0 turns them off.",
+    )
     liveness_port: int = Field(
         8080, ge=0, le=65535, description="Port of the operator's own /healthz; 0 turns it off."
     )
@@ -103,7 +124,12 @@ class OperatorSettings(BaseSettings):
     def _lower_log_level(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value
 
-    @field_validator("operator_pod_labels", mode="before")
+    @field_validator(
+        "operator_pod_labels",
+        "metrics_scraper_namespace_labels",
+        "metrics_scraper_pod_labels",
+        mode="before",
+    )
     @classmethod
     def _split_labels(cls, value: object) -> object:
         if isinstance(value, str):

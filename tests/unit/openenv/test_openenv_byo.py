@@ -9,7 +9,7 @@ import time
 
 import aiohttp
 import pytest
-from gymkube_envserver.openenv import CloseCode
+from gymkube_envserver.openenv_wire import CloseCode
 from gymkube_envserver.router.settings import RouterSettings
 from gymkube_operator.envpool import builders
 from gymkube_operator.envpool.models import OPENENV, EnvPoolSpec, WatchdogSpec

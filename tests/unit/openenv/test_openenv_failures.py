@@ -9,7 +9,7 @@ import time
 
 import httpx
 import pytest
-from gymkube_envserver.openenv import CloseCode
+from gymkube_envserver.openenv_wire import CloseCode
 from openenv.core.generic_client import GenericEnvClient
 from router_harness import Proc, Procs, active_sessions, wait_all
 from websockets.asyncio.client import ClientConnection, connect

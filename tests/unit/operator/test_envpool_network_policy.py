@@ -4,7 +4,7 @@ The local cluster's network plugin (the CNI bridge) does not enforce NetworkPoli
 the policy against the labels of the real rendered pods with NetworkPolicy's own matching rules.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -29,6 +29,7 @@ SPEC = EnvPoolSpec.model_validate({"env": "sciworld"})
 class Pod:
     namespace: str
     labels: dict[str, str]
+    namespace_labels: dict[str, str] = field(default_factory=dict)
 
 
 def pool_pods(pool: str, namespace: str) -> tuple[Pod, Pod]:
@@ -50,8 +51,10 @@ def run_pods(pool: str, namespace: str) -> list[Pod]:
     return [Pod(namespace, job["spec"]["template"]["metadata"]["labels"]) for job in jobs]
 
 
-def policy(pool: str = "sciworld", namespace: str = "rl") -> dict[str, Any]:
-    built = builders.build_children(builders.owner(pool, namespace, "uid"), SPEC, SETTINGS)
+def policy(
+    pool: str = "sciworld", namespace: str = "rl", settings: OperatorSettings = SETTINGS
+) -> dict[str, Any]:
+    built = builders.build_children(builders.owner(pool, namespace, "uid"), SPEC, settings)
     (found,) = [c for c in built if c["kind"] == "NetworkPolicy"]
     return found
 
@@ -73,7 +76,10 @@ def admits(policy: dict[str, Any], source: Pod, target: Pod, port: str) -> bool:
             continue
         for peer in rule["from"]:
             if "namespaceSelector" in peer:
-                namespace_labels = {"kubernetes.io/metadata.name": source.namespace}
+                namespace_labels = {
+                    **source.namespace_labels,
+                    "kubernetes.io/metadata.name": source.namespace,
+                }
                 in_namespace = _selects(peer["namespaceSelector"], namespace_labels)
             else:
                 in_namespace = source.namespace == meta["namespace"]
@@ -113,6 +119,45 @@ def test_other_pools_other_namespaces_and_strangers_are_refused() -> None:
     ]
     for source in strangers:
         assert not admits(policy(), source, server, "http"), source
+
+
+PROMETHEUS = Pod(
+    "monitoring",
+    {"app.kubernetes.io/name": "prometheus"},
+    {"team": "observability"},
+)
+
+
+def test_no_scraper_is_let_in_unless_the_settings_name_one() -> None:
+    server, _ = pool_pods("sciworld", "rl")
+    assert not admits(policy(), PROMETHEUS, server, "http")
+
+
+@pytest.mark.parametrize(
+    ("namespace_labels", "pod_labels"),
+    [
+        ({"kubernetes.io/metadata.name": "monitoring"}, {}),
+        ({"team": "observability"}, {"app.kubernetes.io/name": "prometheus"}),
+        ({}, {"app.kubernetes.io/name": "prometheus"}),
+    ],
+    ids=["namespace", "namespace-and-pod", "pod-in-any-namespace"],
+)
+def test_the_scrapers_the_settings_name_reach_the_metrics_port_and_no_one_else(
+    namespace_labels: dict[str, str], pod_labels: dict[str, str]
+) -> None:
+    settings = SETTINGS.model_copy(
+        update={
+            "metrics_scraper_namespace_labels": namespace_labels,
+            "metrics_scraper_pod_labels": pod_labels,
+        }
+    )
+    server, _ = pool_pods("sciworld", "rl")
+    scraping = policy(settings=settings)
+    assert admits(scraping, PROMETHEUS, server, "http")
+    # /metrics is on the session port; the admin port stays the operator's.
+    assert not admits(scraping, PROMETHEUS, server, "admin")
+    stranger = Pod("default", {"app": "debug-shell"}, {"team": "web"})
+    assert not admits(scraping, stranger, server, "http")
 
 
 def test_the_policy_names_ports_the_env_server_container_declares() -> None:

@@ -1,6 +1,7 @@
 """Operator settings come from GYMKUBE_* variables, with clear refusals."""
 
 import logging
+from pathlib import Path
 
 import pytest
 from gymkube_operator.main import QuietWakers, build_registry, kopf_settings
@@ -85,3 +86,32 @@ def test_the_log_drops_only_the_success_lines_of_the_handlers_that_wake_a_daemon
     assert not kept("Handler 'trainingrun_pool_changed' succeeded.")
     assert kept("Handler 'envpool_changed' failed with an exception. Will retry.")
     assert kept("Daemon 'envpool_watchdog' succeeded.")
+
+
+def _documented_defaults() -> dict[str, str]:
+    """docs/envpool.md's "Operator settings" table: variable -> its default column."""
+    doc = (Path(__file__).parents[3] / "docs" / "envpool.md").read_text()
+    rows = (line.split("|") for line in doc.splitlines() if line.startswith("| `GYMKUBE_"))
+    return {cells[1].strip().strip("`"): cells[2].strip() for cells in rows}
+
+
+def _shown(default: object) -> str:
+    """A default as the table writes it."""
+    if default in (None, [], {}):
+        return "empty"
+    if isinstance(default, bool):
+        return f"`{str(default).lower()}`"
+    if isinstance(default, float) and default.is_integer():
+        return f"`{int(default)}`"
+    return f"`{default}`"
+
+
+def test_every_setting_is_documented_with_its_default() -> None:
+    documented = _documented_defaults()
+    expected = {
+        f"GYMKUBE_{name.upper()}": _shown(field.get_default(call_default_factory=True))
+        for name, field in OperatorSettings.model_fields.items()
+    }
+    assert set(documented) == set(expected), "docs/envpool.md's settings table"
+    for variable, shown in expected.items():
+        assert documented[variable].startswith(shown), (variable, documented[variable])

@@ -80,15 +80,22 @@ def _versions() -> dict[str, str]:
     return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
 
 
-def test_kinds_own_node_image_gets_kinds_defaults() -> None:
+REGISTRY_HOSTS_PATCH = (
+    '[plugins."io.containerd.grpc.v1.cri".registry]\n  config_path = "/etc/containerd/certs.d"'
+)
+
+
+def test_kinds_own_node_image_gets_kinds_defaults_and_registry_hosts() -> None:
     assert _kind_config("KIND_UPSTREAM_NODE_IMAGE") == {
         "kind": "Cluster",
         "apiVersion": "kind.x-k8s.io/v1alpha4",
+        "containerdConfigPatches": [REGISTRY_HOSTS_PATCH],
     }
 
 
 def test_the_node_image_built_here_gets_its_cni_and_its_etcd_and_coredns_tags() -> None:
     config = _kind_config("KIND_LOCAL_NODE_IMAGE")
+    assert config["containerdConfigPatches"] == [REGISTRY_HOSTS_PATCH]
     assert config["networking"] == {"disableDefaultCNI": True, "podSubnet": "10.244.0.0/16"}
     patches = config["kubeadmConfigPatches"]
     assert isinstance(patches, list)

@@ -127,3 +127,16 @@ async def test_a_poll_that_crosses_a_create_in_flight_does_not_offer_its_slot_ag
     await pool.poll(backend)
     assert backend.free == 1
     await pool.stop()
+
+
+def test_the_router_loads_without_the_env_servers_web_framework() -> None:
+    """The router speaks OpenEnv through its wire module only: a router image needs no FastAPI."""
+    probe = (
+        "import sys, gymkube_envserver.router.cli;"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in {'fastapi', 'starlette'}"
+        " or m == 'gymkube_envserver.openenv'))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert loaded == "[]"

@@ -168,3 +168,22 @@ def test_a_client_that_leaves_during_a_slow_create_leaves_no_session_behind(
     session = httpx.post(router.url + "/create", json={}, timeout=60).json()["id"]
     assert httpx.get(backend.url + "/status").json()["active"] == 1
     httpx.post(router.url + "/close", json={"id": session})
+
+
+def test_a_terminating_router_serves_new_connections_through_its_shutdown_delay(
+    procs: Procs,
+) -> None:
+    backend = procs.env_server(max_sessions=4)
+    router = procs.router_for([backend], "--shutdown-delay", "2")
+    wait_all(backend, router)
+    assert router.popen is not None
+    router.popen.send_signal(signal.SIGTERM)
+    # New connections, as from a client whose kube-proxy still lists the pod, are served.
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        with httpx.Client(base_url=router.url, timeout=2.0) as http:
+            created = http.post("/create", json={})
+            assert created.status_code == 200, created.text
+            http.post("/close", json={"id": created.json()["id"]})
+        time.sleep(0.2)
+    assert router.popen.wait(timeout=10) == 0

@@ -217,6 +217,66 @@ def test_a_pending_pod_is_starting_not_running() -> None:
     assert plan.status.start_time is None
 
 
+UNSCHEDULABLE_POD = {
+    "metadata": {"name": "grpo-train-x"},
+    "status": {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/1 nodes are available: 1 Insufficient nvidia.com/gpu.",
+            }
+        ],
+    },
+}
+UNPULLABLE_POD = {
+    "metadata": {"name": "grpo-train-x"},
+    "status": {
+        "phase": "Pending",
+        "containerStatuses": [
+            {
+                "name": "trainer",
+                "restartCount": 0,
+                "state": {
+                    "waiting": {
+                        "reason": "ImagePullBackOff",
+                        "message": 'Back-off pulling image "reg/trainer:1"',
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("pod", "reason", "words"),
+    [
+        (UNSCHEDULABLE_POD, "Unschedulable", "Insufficient nvidia.com/gpu"),
+        (UNPULLABLE_POD, "ImagePullFailed", "reg/trainer:1"),
+    ],
+    ids=["unschedulable", "image-pull"],
+)
+def test_a_trainer_pod_that_cannot_start_says_why_while_the_run_waits(
+    pod: Object, reason: str, words: str
+) -> None:
+    pending = job("grpo-train", active=1, ready=0)
+    plan = step(Observed(pool=pool(), training=pending, trainer_pod=pod), started())
+    assert plan.status.phase == Phase.STARTING
+    running = next(c for c in plan.status.conditions if c.type == "Running")
+    assert running.status.value == "False"
+    assert "trainer pod grpo-train-x cannot start" in running.message
+    assert words in running.message
+    # A Warning Event says it once, not at every pass while it lasts.
+    assert [(e.type, e.reason, e.message) for e in plan.events] == [
+        ("Warning", reason, running.message)
+    ]
+    again = step(Observed(pool=pool(), training=pending, trainer_pod=pod), plan.status)
+    assert again.events == []
+
+
 def test_a_trainer_that_finished_is_running_until_the_job_is_complete() -> None:
     finishing = job(
         "grpo-train", ("SuccessCriteriaMet", "CompletionsReached"), ready=0, succeeded=1

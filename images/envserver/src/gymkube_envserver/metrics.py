@@ -12,7 +12,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gymkube_envserver.canary import Canary
 from gymkube_envserver.env_pool import EnvRetired
-from gymkube_envserver.openenv import HTTP_PATHS
+from gymkube_envserver.openenv_wire import HTTP_PATHS
 from gymkube_envserver.sessions import SessionManager
 
 ENDPOINTS = frozenset(

@@ -230,9 +230,15 @@ def build_backends_service(pool: Owner, spec: EnvPoolSpec) -> Object:
     }
 
 
+# A terminating router serves this long: the Service's endpoints drop it meanwhile, so a client
+# never connects to its closed port during a rollout (an e2e helm upgrade saw one refused).
+ROUTER_SHUTDOWN_DELAY_S = 5
+
+
 def build_router_deployment(pool: Owner, spec: EnvPoolSpec, settings: OperatorSettings) -> Object:
     backends = f"{backends_name(pool.name)}.{pool.namespace}.svc:{spec.port}"
     args = ["--host", "0.0.0.0", "--port", str(spec.port), "--backends-dns", backends]
+    args += ["--shutdown-delay", str(ROUTER_SHUTDOWN_DELAY_S)]
     if spec.env == OPENENV:
         capacity = str(spec.sessions_per_replica)
         args += ["--backend-protocol", "openenv", "--backend-capacity", capacity]
@@ -290,8 +296,8 @@ def build_disruption_budget(pool: Owner, spec: EnvPoolSpec) -> Object:
 
 def build_network_policy(pool: Owner, spec: EnvPoolSpec, settings: OperatorSettings) -> Object:
     """Who may reach the env servers: sessions from the pool's routers and its TrainingRuns' pods,
-    probes and drains from the operator. The routers (the pool URL) are left open: they are what
-    clients call."""
+    probes and drains from the operator, /metrics from the scrapers the settings name. The
+    routers (the pool URL) are left open: they are what clients call."""
     operator = {
         "namespaceSelector": {
             "matchLabels": {"kubernetes.io/metadata.name": settings.operator_namespace}
@@ -300,6 +306,17 @@ def build_network_policy(pool: Owner, spec: EnvPoolSpec, settings: OperatorSetti
     }
     routers = {"podSelector": {"matchLabels": selector_labels(pool.name, ROUTER)}}
     clients = {"podSelector": {"matchLabels": {POOL_CLIENT_LABEL: pool.name}}}
+    # The env servers serve /metrics on the session port: a Prometheus the user names scrapes it.
+    scrapers = (
+        [
+            {
+                "namespaceSelector": {"matchLabels": settings.metrics_scraper_namespace_labels},
+                "podSelector": {"matchLabels": settings.metrics_scraper_pod_labels},
+            }
+        ]
+        if settings.metrics_scraper_namespace_labels or settings.metrics_scraper_pod_labels
+        else []
+    )
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -309,7 +326,7 @@ def build_network_policy(pool: Owner, spec: EnvPoolSpec, settings: OperatorSetti
             "policyTypes": ["Ingress"],
             "ingress": [
                 {
-                    "from": [routers, clients, operator],
+                    "from": [routers, clients, operator, *scrapers],
                     "ports": [{"port": HTTP_PORT_NAME, "protocol": "TCP"}],
                 },
                 {"from": [operator], "ports": [{"port": ADMIN_PORT_NAME, "protocol": "TCP"}]},

@@ -9,13 +9,15 @@ from typing import Any
 
 import kopf
 
+from gymkube_operator import metrics
 from gymkube_operator.conditions import ConditionStatus, find_condition, now_rfc3339
 from gymkube_operator.envpool import builders, pods
 from gymkube_operator.envpool.builders import ENVSERVER, ROUTER
 from gymkube_operator.envpool.models import OPENENV, PLURAL, EnvPoolSpec, EnvPoolStatus
 from gymkube_operator.envpool.prober import drain, observe
+from gymkube_operator.envpool.reasons import Degraded
 from gymkube_operator.envpool.restarts import record_actions, restart_times
-from gymkube_operator.envpool.status import DEGRADED, Observed, compute_status
+from gymkube_operator.envpool.status import DEGRADED, READY, Observed, compute_status
 from gymkube_operator.envpool.watchdog import Action, Memory, Plan, decide
 from gymkube_operator.kinds import GROUP, VERSION
 from gymkube_operator.kube import KubeError
@@ -220,7 +222,13 @@ async def reconcile_once(rt: Runtime, state: PoolState, pool: Pool, body: kopf.B
     previous = state.previous(body)
     restarts = restart_times(previous.restarts)
     plan = decide(observed.pods, state.memory, pool.spec.watchdog, restarts, time.time())
+    for seen in observed.pods:
+        if seen.probe is not None:
+            failure = seen.probe.failure
+            metrics.PROBES.labels("ok" if failure is None else failure.value).inc()
     done = await _act(rt, plan, pool, body)
+    for action, is_restart in done:
+        metrics.POD_ACTIONS.labels("restart" if is_restart else "recycle", action.reason).inc()
     held = plan.budget_exhausted and bool(plan.held)
     status = compute_status(
         name=pool.name,
@@ -233,6 +241,7 @@ async def reconcile_once(rt: Runtime, state: PoolState, pool: Pool, body: kopf.B
         now=now_rfc3339(),
     )
     await _write_status(rt, state, pool, previous, status)
+    metrics.POOLS.set("EnvPool", pool.namespace, pool.name, _health(status))
     _announce_degradation(body, previous, status)
     # Passes start a period apart, however long the probes took: a frozen pod (a probe timeout
     # per pass) is still restarted within failureThreshold periods.
@@ -250,6 +259,18 @@ async def _write_status(
         api_version, "EnvPool", pool.namespace, pool.name, status.to_api()
     )
     state.written = EnvPoolStatus.model_validate(written.get("status") or {})
+
+
+def _health(status: EnvPoolStatus) -> tuple[str, str]:
+    """(Ready's status, Degraded's reason when it is True, else Healthy), for the metrics."""
+    ready = find_condition(status.conditions, READY)
+    degraded = find_condition(status.conditions, DEGRADED)
+    if degraded is None or degraded.status != ConditionStatus.TRUE:
+        degraded = None
+    return (
+        "true" if ready is not None and ready.status == ConditionStatus.TRUE else "false",
+        Degraded.HEALTHY.value if degraded is None else degraded.reason,
+    )
 
 
 def _announce_degradation(body: kopf.Body, before: EnvPoolStatus, after: EnvPoolStatus) -> None:
@@ -332,10 +353,11 @@ def _register_daemon(registry: kopf.OperatorRegistry, rt: Runtime, pools: Pools)
         try:
             what = f"EnvPool {key[0]}/{name}"
             await reconcile_until_stopped(
-                what, pass_once, state.wake, stopped, WAKE_DEBOUNCE_SECONDS
+                "EnvPool", what, pass_once, state.wake, stopped, WAKE_DEBOUNCE_SECONDS
             )
         finally:
             pools.states.pop(key, None)
+            metrics.POOLS.forget("EnvPool", *key)
 
 
 async def stop_servers(rt: Runtime, namespace: str, pool: str) -> int:

@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from gymkube_operator import runs
+from gymkube_operator import metrics, runs
 from gymkube_operator.evalrun import lifecycle, readings, render
 from gymkube_operator.evalrun.models import KIND, PLURAL, EvalRunSpec, EvalRunStatus
 from gymkube_operator.kinds import API_VERSION, GROUP, VERSION
@@ -89,6 +89,7 @@ async def reconcile(rt: Runtime, namespace: str, name: str) -> lifecycle.Plan | 
     plan = await _carry_out(rt, obj, planned)
     if plan.status != previous:
         await rt.client.patch_status(API_VERSION, KIND, namespace, name, plan.status.to_api())
+    metrics.RUNS.set(KIND, namespace, name, (plan.status.phase.value,))
     await runs.announce(rt, obj, plan, spec.ttl_seconds_after_finished, "eval")
     return plan
 

@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from gymkube_operator import runs
+from gymkube_operator import metrics, runs
 from gymkube_operator.kinds import API_VERSION, GROUP, VERSION
 from gymkube_operator.kube import KubeError
 from gymkube_operator.labels import RUN_LABEL
@@ -211,6 +211,11 @@ async def reconcile(rt: Runtime, namespace: str, name: str) -> lifecycle.Plan | 
     plan = await _carry_out(rt, run, planned)
     if plan.status != previous:
         await rt.client.patch_status(API_VERSION, KIND, namespace, name, plan.status.to_patch())
+    metrics.RUNS.set(KIND, namespace, name, (plan.status.phase.value,))
+    if (progress := plan.status.progress) is not None:
+        metrics.RUN_PROGRESS.set(
+            namespace, name, progress.step, progress.total_steps, progress.mean_reward
+        )
     await runs.announce(rt, run, plan, spec.ttl_seconds_after_finished, "run")
     return plan
 

@@ -17,6 +17,8 @@ from gymkube_operator.conditions import (
     one_line,
     set_condition,
 )
+from gymkube_operator.envpool.pods import pod_trouble
+from gymkube_operator.envpool.reasons import Degraded
 from gymkube_operator.objects import Object
 from gymkube_operator.runs import Event
 from gymkube_operator.trainingrun import device, history, render, restarts
@@ -110,6 +112,8 @@ class _Outcome:
     message: str
     start_time: str | None = None
     completion_time: str | None = None
+    # A cause the user must act on while the phase stays: a Warning Event when it first shows.
+    trouble: bool = False
 
 
 def reads_progress(status: TrainingRunStatus) -> bool:
@@ -123,6 +127,13 @@ def reads_progress(status: TrainingRunStatus) -> bool:
 
 def is_finished(status: TrainingRunStatus) -> bool:
     return runs.is_finished(status.conditions)
+
+
+# What keeps a trainer pod from starting (envpool.pods.pod_trouble's readings); how a started
+# trainer ended is the Job's and restarts' to tell.
+_CANNOT_START = frozenset(
+    {Degraded.UNSCHEDULABLE, Degraded.IMAGE_PULL_FAILED, Degraded.CONTAINER_CREATE_FAILED}
+)
 
 
 def _job_outcome(job: Object, spec: TrainingRunSpec, pod: Object | None) -> _Outcome:
@@ -154,6 +165,11 @@ def _job_outcome(job: Object, spec: TrainingRunSpec, pod: Object | None) -> _Out
     ):
         message = f"Job {name}'s trainer finished; the Job is completing"
         return _Outcome(Phase.RUNNING, Reason.TRAINING_RUNNING, message, start)
+    trouble = None if pod is None else pod_trouble(pod)
+    if trouble is not None and trouble.reason in _CANNOT_START:
+        # Still Starting (a node may be added, a Secret created), but with the cause in view.
+        message = f"Job {name}'s trainer pod {trouble.pod} cannot start: {trouble.detail}"
+        return _Outcome(Phase.STARTING, trouble.reason, message, trouble=True)
     return _Outcome(Phase.STARTING, Reason.TRAINING_STARTING, f"Job {name} is starting its pod")
 
 
@@ -259,6 +275,9 @@ class _Writer:
             fields["completion_time"] = outcome.completion_time or self.now
         self.update(**fields)
 
+    def _previous_messages(self) -> set[str]:
+        return {c.message for c in self.previous.conditions}
+
     def events(self, outcome: _Outcome) -> list[Event]:
         """One Event per transition: the phase, and the pool or preflight flipping mid-run."""
         found: list[Event] = []
@@ -274,8 +293,10 @@ class _Writer:
             ):
                 warn = after.status == FALSE
                 found.append(Event("Warning" if warn else "Normal", after.reason, after.message))
-        if outcome.phase != self.previous.phase:
-            warn = outcome.phase == Phase.FAILED
+        if outcome.phase != self.previous.phase or (
+            outcome.trouble and outcome.message not in self._previous_messages()
+        ):
+            warn = outcome.phase == Phase.FAILED or outcome.trouble
             phase_event = Event("Warning" if warn else "Normal", outcome.reason, outcome.message)
             # The phase often moves for the very reason a condition flipped: say it once.
             found = [e for e in found if e.reason != phase_event.reason]

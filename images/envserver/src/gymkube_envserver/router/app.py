@@ -19,7 +19,12 @@ import aiohttp
 from aiohttp import web
 from multidict import MultiDict
 
-from gymkube_envserver.openenv import PLACEMENT_HEADER, CloseCode, OpenEnvErrorCode, error_frame
+from gymkube_envserver.openenv_wire import (
+    PLACEMENT_HEADER,
+    CloseCode,
+    OpenEnvErrorCode,
+    error_frame,
+)
 from gymkube_envserver.router.bodies import (
     JSON,
     http_request,

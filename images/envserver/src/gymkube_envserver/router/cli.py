@@ -35,6 +35,11 @@ async def serve(settings: RouterSettings, started: asyncio.Event | None = None) 
         loop.add_signal_handler(signum, stop.set)
     try:
         await stop.wait()
+        if settings.shutdown_delay:
+            log.info(
+                "gymkube-router stopping in %.0f s: serving meanwhile", settings.shutdown_delay
+            )
+            await asyncio.sleep(settings.shutdown_delay)
         log.info("gymkube-router stopping: finishing requests in flight")
     finally:
         await router.close_tunnels()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gymkube_envserver.openenv import HTTP_PATHS, WS_PATH
+from gymkube_envserver.openenv_wire import HTTP_PATHS, WS_PATH
 
 ANY_BACKEND_ENDPOINTS = frozenset({"/", "/tasks", *HTTP_PATHS})
 """GET endpoints every env server of a pool answers alike: proxied to any ready one."""

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
 
-from gymkube_envserver.openenv import CloseCode
+from gymkube_envserver.openenv_wire import CloseCode
 from gymkube_envserver.router.settings import RouterSettings
 from gymkube_envserver.router.upstream import ConnectFailed, Upstream, UpstreamError
 from gymkube_envserver.wire import CanaryStatus, ErrorCode, StatusResponse

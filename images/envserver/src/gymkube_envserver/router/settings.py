@@ -94,6 +94,13 @@ class RouterSettings(BaseSettings):
         description="Idle seconds before a pooled backend connection is closed; keep it below "
         "the env server's own keep-alive timeout.",
     )
+    shutdown_delay: float = Field(
+        default=0.0,
+        ge=0,
+        description="Seconds the router keeps serving after SIGTERM before it stops listening: "
+        "long enough for the Service's endpoints to drop a terminating pod (the operator sets "
+        "5), so no client connects to a closed port during a rollout.",
+    )
 
     backend_protocol: Literal["gymkube", "openenv"] = Field(
         default="gymkube",

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import WSMsgType, web
 
-from gymkube_envserver.openenv import CloseCode, OpenEnvErrorCode, close_reason, error_frame
+from gymkube_envserver.openenv_wire import CloseCode, OpenEnvErrorCode, close_reason, error_frame
 
 # What a tunnel relays; anything else (close, error) ends it.
 _DATA = (WSMsgType.TEXT, WSMsgType.BINARY)
