@@ -1,0 +1,135 @@
+"""verl 0.9.0's agent-loop names on verl 0.9.1, so a user's loop written for 0.9.0 keeps working.
+
+verl 0.9.1 renamed what an agent loop calls to merge env replies into its token stream
+(``*_non_assistant_*`` became ``*_context_*``) and dropped ``AgentLoopBase.apply_chat_template``
+(the continuous-token path, ``ct_build_initial_tokens``, is now the only way prompts are
+rendered). A loop written against 0.9.0 then fails at its first env turn with an
+AttributeError. This module puts the old names back, each calling the new one on the instance,
+so a subclass's override of the new name is what runs.
+
+verl loads it in every process that imports verl, through the ``verl.plugins`` entry point
+gymkube-agentloop declares (``VERL_USE_EXTERNAL_PLUGINS``, on by default). Importing verl's agent
+loop module is heavy, so the names are added when that module is first imported, not before.
+"""
+
+import importlib.abc
+import importlib.machinery
+import sys
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any
+
+AGENT_LOOP_MODULE = "verl.experimental.agent_loop.agent_loop"
+CONTINUOUS_TOKEN_MODULE = "verl.utils.tokenizer.continuous_token"
+
+# module -> class -> {0.9.0 name: 0.9.1 name}
+RENAMES: dict[str, dict[str, dict[str, str]]] = {
+    AGENT_LOOP_MODULE: {
+        "AgentLoopBase": {"ct_merge_non_assistant_msg": "ct_merge_context_msg"},
+    },
+    CONTINUOUS_TOKEN_MODULE: {
+        "ContinuousTokenBuilder": {
+            "merge_non_assistant_tokens": "merge_context_tokens",
+            "tokenize_non_assistant_incremental_messages": "tokenize_context_incremental_messages",
+        },
+    },
+}
+
+
+def _forward(old: str, new: str) -> Callable[..., Any]:
+    def alias(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self, new)(*args, **kwargs)
+
+    alias.__name__ = old
+    alias.__doc__ = f"verl 0.9.0's name for ``{new}`` (gymkube_agentloop.verl_compat)."
+    return alias
+
+
+async def apply_chat_template(
+    self: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    images: list[Any] | None = None,
+    videos: list[Any] | None = None,
+    audios: list[Any] | None = None,
+    mm_processor_kwargs: dict[str, Any] | None = None,
+    remove_system_prompt: bool = False,
+) -> list[int]:
+    """verl 0.9.0's ``AgentLoopBase.apply_chat_template``, rendered the 0.9.1 way."""
+    if mm_processor_kwargs is not None:
+        # 0.9.1 fixes these when the loop is built (rollout.agent mm_processor_kwargs).
+        raise TypeError(
+            "apply_chat_template(mm_processor_kwargs=...) has no verl 0.9.1 equivalent: "
+            "set the processor kwargs in the trainer config instead"
+        )
+    prompt_ids: list[int] = await self.ct_build_initial_tokens(
+        messages, tools=tools, images=images, videos=videos, audios=audios
+    )
+    if remove_system_prompt:
+        from verl.utils.tokenizer.chat_template import initialize_system_prompt
+
+        processing_class = self.processor if self.processor is not None else self.tokenizer
+        system_prompt = initialize_system_prompt(
+            processing_class, **self.apply_chat_template_kwargs
+        )
+        prompt_ids = prompt_ids[len(system_prompt) :]
+    return prompt_ids
+
+
+ADDED: dict[str, dict[str, dict[str, Callable[..., Any]]]] = {
+    AGENT_LOOP_MODULE: {"AgentLoopBase": {"apply_chat_template": apply_chat_template}},
+}
+
+
+def patch(module: ModuleType) -> None:
+    """Give MODULE's classes their 0.9.0 names where verl no longer has them."""
+    methods: dict[str, dict[str, Callable[..., Any]]] = {}
+    for cls_name, renames in RENAMES.get(module.__name__, {}).items():
+        methods.setdefault(cls_name, {}).update(
+            {old: _forward(old, new) for old, new in renames.items()}
+        )
+    for cls_name, added in ADDED.get(module.__name__, {}).items():
+        methods.setdefault(cls_name, {}).update(added)
+    for cls_name, by_name in methods.items():
+        cls = getattr(module, cls_name)
+        for name, method in by_name.items():
+            if not hasattr(cls, name):
+                setattr(cls, name, method)
+
+
+class _Loader(importlib.abc.Loader):
+    """The module's own loader, then ``patch`` once its code has run."""
+
+    def __init__(self, loader: importlib.abc.Loader) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self.loader.exec_module(module)
+        patch(module)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in RENAMES and fullname not in ADDED:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _Loader(spec.loader)
+        return spec
+
+
+def install() -> None:
+    """Patch the modules already imported, and the others when they are."""
+    for name in RENAMES.keys() | ADDED.keys():
+        if name in sys.modules:
+            patch(sys.modules[name])
+    if not any(isinstance(finder, _Finder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())
+
+
+install()
