@@ -103,6 +103,10 @@ class _Loader(importlib.abc.Loader):
     def __init__(self, loader: importlib.abc.Loader) -> None:
         self.loader = loader
 
+    def __getattr__(self, name: str) -> Any:
+        # get_source, get_code, is_package...: tracebacks and inspect read through the loader.
+        return getattr(self.loader, name)
+
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         return self.loader.create_module(spec)
 

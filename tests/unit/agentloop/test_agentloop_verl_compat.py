@@ -49,8 +49,9 @@ async def test_the_090_names_give_what_the_091_names_give(
 def _has_090_names(**env: str) -> str:
     """Which 0.9.0 names AgentLoopBase has in a fresh interpreter, as each of verl's workers is."""
     probe = (
-        "import verl\n"
+        "import inspect, verl\n"
         "from verl.experimental.agent_loop.agent_loop import AgentLoopBase\n"
+        "assert 'class AgentLoopBase' in inspect.getsource(AgentLoopBase)\n"
         "print(hasattr(AgentLoopBase, 'ct_merge_non_assistant_msg'),"
         " hasattr(AgentLoopBase, 'apply_chat_template'))\n"
     )
