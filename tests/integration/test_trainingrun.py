@@ -355,6 +355,11 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "spec.envPoolTimeoutSeconds: Invalid value: 0",
     ),
     ("waiting a month", {"envPoolTimeoutSeconds": 2592000}, "spec.envPoolTimeoutSeconds"),
+    (
+        "custom loop not a class",
+        {"customAgentLoop": {"className": "my_loop"}},
+        "spec.customAgentLoop.className: Invalid value",
+    ),
 ]
 
 

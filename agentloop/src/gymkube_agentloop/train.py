@@ -3,7 +3,8 @@
     gymkube-train --checkpoint-dir /checkpoints/run --model-path /models/m -- python3 -m verl...
 
 The operator starts every one-node TrainingRun through it. Before training it checks that a local
-model path holds a model, so a wrong path fails in a second, not after Ray and vLLM have started.
+model path holds a model and that a custom agent loop imports and is an AgentLoopBase, so a wrong
+path or a broken loop fails in seconds, not after Ray and vLLM have started.
 While the trainer runs, its output passes through unchanged, and every step verl's FileLogger
 records becomes one `gymkube-progress {json}` line (step, total steps, mean reward, step times,
 ETA, last checkpoint, the step this trainer resumed from, and the step's episodes from the agent
@@ -43,7 +44,8 @@ PROGRESS_PREFIX = "gymkube-progress "
 # gymkube_operator.trainingrun.command; a test holds the two equal).
 # Stopped on SIGTERM: its pod was deleted. sysexits' EX_TEMPFAIL; the Job retries it uncounted.
 EXIT_STOPPED = 75
-# The trainer cannot start from its input (a wrong model path): the Job fails at once.
+# The trainer cannot start from its input (a wrong model path, a custom loop that does not
+# import): the Job fails at once.
 EXIT_BAD_INPUT = 2
 # After SIGTERM the trainer has this long to stop before it is killed: within the 30 s Kubernetes
 # gives a pod, so that the pod still ends with EXIT_STOPPED, not the kubelet's SIGKILL.
@@ -217,6 +219,38 @@ def model_problem(model_path: str | None) -> str | None:
     return None
 
 
+def agent_loop_problem(class_path: str | None) -> str | None:
+    """Why a custom agent loop (module.Class) cannot run; None when it imports and is a verl
+    AgentLoopBase. The module is imported here once, so its errors show before Ray starts."""
+    if not class_path:
+        return None
+    import importlib
+    import traceback
+
+    module_name, _, class_name = class_path.rpartition(".")
+    where = f"(PYTHONPATH: {os.environ.get('PYTHONPATH') or 'unset'})"
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # any error in the user's code is the message
+        # The deepest line of code on disk that is not the import machinery (or this file).
+        skipped = (str(Path(importlib.__file__).parent), __file__, "<")
+        frames = traceback.extract_tb(error.__traceback__)
+        own = [f for f in frames if not f.filename.startswith(skipped)]
+        at = f" at {Path(own[-1].filename).name}:{own[-1].lineno}" if own else ""
+        return f"agent loop {class_path}: importing {module_name} failed{at}: {error!r} {where}"
+    loop = getattr(module, class_name, None)
+    if not isinstance(loop, type):
+        return f"agent loop {class_path}: {module_name} has no class {class_name} {where}"
+    from verl.experimental.agent_loop.agent_loop import AgentLoopBase
+
+    if not issubclass(loop, AgentLoopBase):
+        return (
+            f"agent loop {class_path} is not a verl AgentLoopBase subclass "
+            f"(its bases: {', '.join(b.__qualname__ for b in loop.__mro__[1:-1]) or 'object'})"
+        )
+    return None
+
+
 class GrowingFile:
     """A file another process appends lines to, read a whole line at a time as it grows."""
 
@@ -325,6 +359,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--model-path", help="actor_rollout_ref.model.path, checked first")
     parser.add_argument(
+        "--agent-loop-class", help="a custom agent loop (module.Class), imported and checked first"
+    )
+    parser.add_argument(
         "--metrics-file",
         type=Path,
         help=f"where verl's FileLogger writes (${METRICS_ENV}; default: a file in /tmp)",
@@ -357,7 +394,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if (problem := model_problem(args.model_path)) is not None:
+    problem = model_problem(args.model_path) or agent_loop_problem(args.agent_loop_class)
+    if problem is not None:
         print(f"{PROG}: error: {problem}", file=sys.stderr)
         write_termination_message(args.termination_log, problem)
         return EXIT_BAD_INPUT

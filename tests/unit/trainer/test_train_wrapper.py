@@ -173,6 +173,79 @@ def test_a_missing_model_path_fails_before_the_trainer_starts(tmp_path: Path) ->
     assert "SmolLM2-135M-Instruct" in message
 
 
+USER_LOOPS = {
+    "good_loop.py": """
+        from verl.experimental.agent_loop.agent_loop import AgentLoopBase
+
+        class Loop(AgentLoopBase):
+            async def run(self, sampling_params, **kwargs):
+                raise NotImplementedError
+    """,
+    "broken_loop.py": """
+        import os
+
+        BASE = os.environ["NO_SUCH_VARIABLE_IS_SET"]
+    """,
+    "plain_loop.py": """
+        class Loop(dict):
+            pass
+    """,
+}
+
+
+@pytest.fixture
+def user_loops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A ConfigMap's .py files, as the trainer pod mounts them, on the import path."""
+    code = tmp_path / "agent-loop"
+    code.mkdir()
+    for name, text in USER_LOOPS.items():
+        (code / name).write_text(textwrap.dedent(text))
+    monkeypatch.syspath_prepend(str(code))
+    monkeypatch.setenv("PYTHONPATH", str(code))
+    return code
+
+
+@pytest.mark.parametrize(
+    ("class_path", "message"),
+    [
+        ("no_such_module.Loop", "importing no_such_module failed: ModuleNotFoundError"),
+        ("broken_loop.Loop", "importing broken_loop failed at broken_loop.py:4: KeyError"),
+        ("good_loop.Lop", "good_loop has no class Lop"),
+        ("plain_loop.Loop", "is not a verl AgentLoopBase subclass (its bases: dict)"),
+    ],
+)
+def test_a_custom_loop_that_cannot_run_is_named_with_the_reason(
+    user_loops: Path, class_path: str, message: str
+) -> None:
+    problem = train.agent_loop_problem(class_path)
+    assert problem is not None
+    assert problem.startswith(f"agent loop {class_path}")
+    assert message in problem
+
+
+def test_a_custom_loop_that_imports_and_subclasses_agent_loop_base_passes(user_loops: Path) -> None:
+    assert train.agent_loop_problem("good_loop.Loop") is None
+
+
+def test_a_broken_custom_loop_fails_before_the_trainer_starts(
+    tmp_path: Path, user_loops: Path
+) -> None:
+    termination = tmp_path / "termination-log"
+    started = tmp_path / "started"
+    trainer = fake_trainer(tmp_path, f"open({str(started)!r}, 'w').write('yes')\n")
+    done = run_wrapper(
+        tmp_path,
+        "--checkpoint-dir", str(tmp_path / "ckpt"),
+        "--agent-loop-class", "broken_loop.Loop",
+        "--termination-log", str(termination),
+        "--", *trainer,
+    )  # fmt: skip
+    assert done.returncode == train.EXIT_BAD_INPUT
+    assert not started.exists()
+    assert "NO_SUCH_VARIABLE_IS_SET" in termination.read_text()
+    assert f"PYTHONPATH: {user_loops}" in termination.read_text()
+
+
 def test_a_directory_without_config_is_not_a_model(tmp_path: Path) -> None:
     assert train.model_problem(str(tmp_path)) == (
         f"model path {tmp_path} has no config.json: not a Hugging Face model directory"

@@ -169,7 +169,7 @@ def test_pod_template_merges_scheduling_and_env_into_the_trainer() -> None:
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
     (trainer,) = pod["containers"]
     env = by_name(trainer["env"])
-    assert set(env) == {"GYMKUBE_ENV_URL", "HF_HOME"}
+    assert set(env) == {"GYMKUBE_ENV_URL", "SCIWORLD_ENV_BASE", "HF_HOME"}
     assert trainer["resources"]["limits"]["nvidia.com/gpu"] == 8
 
 
@@ -296,3 +296,65 @@ def test_cpu_and_gpu_renderings_of_one_spec_differ_by_the_device_settings_alone(
         return other
 
     assert rest(cpu) == rest(gpu)
+
+
+CUSTOM_LOOP = {"className": "my_loops.SciWorldLoop", "configMap": "my-loops"}
+
+
+def test_a_custom_loop_is_the_agent_loop_yamls_one_entry_with_its_own_parameters() -> None:
+    parameters = {"max_rounds": 30, "name": "mine", "_target_": "other.Loop"}
+    run = target(customAgentLoop={**CUSTOM_LOOP, "parameters": parameters})
+    assert command.agent_loop_config(run) == [
+        {"max_rounds": 30, "name": command.AGENT_LOOP_NAME, "_target_": "my_loops.SciWorldLoop"}
+    ]
+    # Rows still name the one loop verl is told to default to.
+    assert f"actor_rollout_ref.rollout.agent.default_agent_loop={command.AGENT_LOOP_NAME}" in (
+        command.verl_overrides(run)
+    )
+
+
+def test_gymkube_train_imports_and_checks_a_custom_loop_before_verl_starts() -> None:
+    wrapper = command.trainer_command(target(customAgentLoop=CUSTOM_LOOP))
+    cut = wrapper.index("--")
+    assert wrapper[wrapper.index("--agent-loop-class") + 1] == "my_loops.SciWorldLoop"
+    assert wrapper.index("--agent-loop-class") < cut
+    assert "--agent-loop-class" not in command.trainer_command(target())
+
+
+@pytest.mark.parametrize("nodes", [1, 2], ids=["job", "rayjob"])
+def test_a_custom_loops_code_is_mounted_on_pythonpath_in_every_trainer_pod(nodes: int) -> None:
+    child = render.training_child(target(nodes=nodes, customAgentLoop=CUSTOM_LOOP))
+    if nodes == 1:
+        pods = [child["spec"]["template"]["spec"]]
+    else:
+        cluster = child["spec"]["rayClusterSpec"]
+        pods = [cluster["headGroupSpec"]["template"]["spec"]]
+        pods += [group["template"]["spec"] for group in cluster["workerGroupSpecs"]]
+    for pod in pods:
+        volume = by_name(pod["volumes"])[render.CUSTOM_LOOP_VOLUME]
+        assert volume["configMap"] == {"name": "my-loops"}
+        (trainer,) = pod["containers"]
+        mount = by_name(trainer["volumeMounts"])[render.CUSTOM_LOOP_VOLUME]
+        assert (mount["mountPath"], mount["readOnly"]) == (command.CUSTOM_LOOP_DIR, True)
+        assert {"name": "PYTHONPATH", "value": command.CUSTOM_LOOP_DIR} in trainer["env"]
+
+
+def test_every_trainer_container_reads_the_pool_url_under_both_conventions() -> None:
+    job = render.training_child(target())
+    pod = job["spec"]["template"]["spec"]
+    for container in [*pod["initContainers"], *pod["containers"]]:
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["GYMKUBE_ENV_URL"] == env["SCIWORLD_ENV_BASE"] == POOL_URL
+    assert "PYTHONPATH" not in {e["name"] for e in pod["containers"][0]["env"]}
+
+
+@pytest.mark.parametrize(
+    ("env", "variable"),
+    [
+        ("sciworld", "SCIWORLD_ENV_BASE"),
+        ("frozen_lake", "FROZEN_LAKE_ENV_BASE"),
+        ("my-env", "MY_ENV_ENV_BASE"),
+    ],
+)
+def test_the_env_base_variable_is_the_env_name_in_upper_case(env: str, variable: str) -> None:
+    assert command.env_base_var(env) == variable

@@ -92,7 +92,7 @@ def dataset_container(target: EvalTarget, mounts: list[Object]) -> Object:
         "command": command.dataset_command(target),
         # gymkube-dataset's last lines say why it failed (a bad template, an unreachable pool).
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "env": [{"name": "GYMKUBE_ENV_URL", "value": target.pool_url}],
+        "env": [{"name": training.ENV_URL_VAR, "value": target.pool_url}],
         "volumeMounts": [m for m in mounts if m["name"] in wanted],
     }
 

@@ -34,6 +34,18 @@ TENSORBOARD_ENV = "TENSORBOARD_DIR"
 AGENT_LOOP_TARGET = "gymkube_agentloop.agent_loop.GymkubeEnvAgentLoop"
 AGENT_LOOP_NAME = "gymkube_env"
 
+# Where a custom loop's ConfigMap (customAgentLoop.configMap) is mounted; on PYTHONPATH.
+CUSTOM_LOOP_DIR = "/opt/gymkube/agent-loop"
+# The pool URL as gymkube's own steps read it; loops written for an AgentGym-style server read
+# <ENV>_ENV_BASE (SCIWORLD_ENV_BASE for sciworld), which every trainer container gets too.
+ENV_URL_VAR = "GYMKUBE_ENV_URL"
+
+
+def env_base_var(env: str) -> str:
+    """The <ENV>_ENV_BASE variable of an env name: upper case, non-alphanumerics as _."""
+    return "".join(c if c.isalnum() else "_" for c in env.upper()) + "_ENV_BASE"
+
+
 # verl's own default for ppo_max_token_len_per_gpu; raised when one trajectory would not fit.
 MIN_TOKENS_PER_GPU = 16384
 
@@ -206,12 +218,15 @@ def verl_command(target: RunTarget) -> list[str]:
 
 def trainer_command(target: RunTarget) -> list[str]:
     """The trainer container's command in a one-node Job: verl's, run by gymkube-train."""
+    custom = target.spec.custom_agent_loop
+    checked_loop = ["--agent-loop-class", custom.class_name] if custom is not None else []
     return [
         TRAIN_WRAPPER,
         "--checkpoint-dir",
         target.checkpoint_dir,
         "--model-path",
         target.spec.model.path,
+        *checked_loop,
         "--",
         *verl_command(target),
     ]
@@ -224,6 +239,11 @@ def verl_entrypoint(target: RunTarget) -> str:
 
 def agent_loop_config(target: RunTarget) -> list[dict[str, Any]]:
     """verl's agent-loop YAML: one entry; every key but name and _target_ is a loop kwarg."""
+    custom = target.spec.custom_agent_loop
+    if custom is not None:
+        # Rows name AGENT_LOOP_NAME, so the user's class takes that name, whatever parameters say.
+        parameters = custom.parameters or {}
+        return [{**parameters, "name": AGENT_LOOP_NAME, "_target_": custom.class_name}]
     loop = target.spec.agent_loop
     entry: dict[str, Any] = {
         "name": AGENT_LOOP_NAME,

@@ -39,6 +39,9 @@ Algorithm = Literal[
 OVERRIDE_PATTERN = r"^(~[A-Za-z_][A-Za-z0-9_.@/-]*(=.*)?|(\+\+|\+)?[A-Za-z_][A-Za-z0-9_.@/-]*=.*)$"
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
+# A class as hydra's `_target_` names it: module path, then the class.
+CLASS_PATH_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$"
+
 # What the trainer computes on (gymkube_operator.trainingrun.device holds what cpu changes).
 Device = Literal["gpu", "cpu"]
 
@@ -75,6 +78,27 @@ class ModelSpec(CamelModel):
     )
     mount_path: str = Field(
         "/models", pattern=r"^/.*[^/]$", description="Where the model volume is mounted."
+    )
+
+
+class CustomLoopSpec(CamelModel):
+    """Your own verl AgentLoop, run in place of gymkube's."""
+
+    class_name: str = Field(
+        pattern=CLASS_PATH_PATTERN,
+        description="module.Class of a verl AgentLoopBase subclass (hydra's _target_).",
+    )
+    config_map: str | None = Field(
+        None,
+        pattern=NAME_PATTERN,
+        max_length=253,
+        description="A ConfigMap in the run's namespace whose .py files hold the class: mounted "
+        "in the trainer pods and put on PYTHONPATH. Unset: the trainer image holds it.",
+    )
+    parameters: FreeForm | None = Field(
+        None,
+        description="Keyword arguments of the class, as agent-loop YAML keys (name and "
+        "_target_ are gymkube's).",
     )
 
 
@@ -179,6 +203,12 @@ class TrainingRunSpec(CamelModel):
         "64Gi", description="Size of /dev/shm (memory-backed) for vLLM, NCCL and Ray."
     )
     algorithm: Algorithm = Field("grpo", description="verl algorithm.adv_estimator.")
+    custom_agent_loop: CustomLoopSpec | None = Field(
+        None,
+        description="Your own AgentLoop in place of gymkube's; it reads the pool URL from "
+        "GYMKUBE_ENV_URL (or <ENV>_ENV_BASE). agentLoop then serves the dataset, the preflight "
+        "and EvalRuns only.",
+    )
     agent_loop: AgentLoopSpec = Field(
         default_factory=AgentLoopSpec, description="Agent-loop settings."
     )

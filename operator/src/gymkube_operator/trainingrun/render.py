@@ -65,6 +65,8 @@ def training_api_version(nodes: int) -> tuple[str, str]:
 # The run's ConfigMap (agent-loop YAML, templates) as every pod that reads it mounts it.
 CONFIG_VOLUME: Object = {"name": "agent-loop"}
 CONFIG_MOUNT: Object = {"name": "agent-loop", "mountPath": command.CONFIG_DIR, "readOnly": True}
+# customAgentLoop.configMap, the user's own loop code.
+CUSTOM_LOOP_VOLUME = "custom-agent-loop"
 
 
 def config_map(target: RunTarget) -> Object:
@@ -91,7 +93,7 @@ def preflight_job(target: RunTarget) -> Object:
         "image": target.preflight_image,
         "imagePullPolicy": target.image_pull_policy,
         "command": command.preflight_command(target),
-        "env": [{"name": "GYMKUBE_ENV_URL", "value": target.pool_url}],
+        "env": [{"name": command.ENV_URL_VAR, "value": target.pool_url}],
         "resources": PREFLIGHT_RESOURCES,
         "securityContext": RESTRICTED_CONTAINER,
         # Should the summary never be written (a crash), the log tail explains instead.
@@ -137,11 +139,28 @@ def _volumes(target: RunTarget) -> tuple[list[Object], list[Object]]:
     if spec.model.volume is not None:
         volumes.append({"name": "model", **spec.model.volume})
         mounts.append({"name": "model", "mountPath": spec.model.mount_path, "readOnly": True})
+    custom = spec.custom_agent_loop
+    if custom is not None and custom.config_map is not None:
+        volumes.append({"name": CUSTOM_LOOP_VOLUME, "configMap": {"name": custom.config_map}})
+        mounts.append(
+            {"name": CUSTOM_LOOP_VOLUME, "mountPath": command.CUSTOM_LOOP_DIR, "readOnly": True}
+        )
     return volumes, mounts
 
 
 def _env(target: RunTarget) -> list[Object]:
-    return [{"name": "GYMKUBE_ENV_URL", "value": target.pool_url}]
+    return [
+        {"name": command.ENV_URL_VAR, "value": target.pool_url},
+        {"name": command.env_base_var(target.env), "value": target.pool_url},
+    ]
+
+
+def _trainer_env(target: RunTarget) -> list[Object]:
+    custom = target.spec.custom_agent_loop
+    if custom is None or custom.config_map is None:
+        return []
+    # The image sets no PYTHONPATH of its own, so this one is the whole of it.
+    return [{"name": "PYTHONPATH", "value": command.CUSTOM_LOOP_DIR}]
 
 
 def dataset_containers(target: RunTarget, mounts: list[Object]) -> list[Object]:
@@ -174,7 +193,10 @@ def trainer_container(target: RunTarget, name: str, mounts: list[Object], fields
         "name": name,
         "image": target.trainer_image,
         "imagePullPolicy": target.image_pull_policy,
-        "env": _env(target) + command.trainer_env(target.name, spec) + device.env(spec.device),
+        "env": _env(target)
+        + _trainer_env(target)
+        + command.trainer_env(target.name, spec)
+        + device.env(spec.device),
         "resources": {**resources, "limits": limits},
         "volumeMounts": mounts,
     }
