@@ -45,8 +45,8 @@ MONITOR_CRDS = {
 TIMEOUT_S = 120
 
 # What the operator does through the API, as (verb, group, resource): kopf's watches and patches,
-# the builders' server-side applies, the watchdog's pod deletions, trainer log reads, status
-# writes and events.
+# the builders' server-side applies, the watchdog's pod deletions, trainer log reads, a custom
+# agent loop's ConfigMap looked up, status writes and events.
 OPERATOR_NEEDS: frozenset[tuple[str, str, str]] = frozenset(
     {(verb, "gymkube.io", kind) for verb in ("get", "list", "watch", "patch")
      for kind in ("envpools", "trainingruns", "evalruns")}
@@ -59,6 +59,7 @@ OPERATOR_NEEDS: frozenset[tuple[str, str, str]] = frozenset(
        for kind in ("statefulsets", "deployments")}
     | {("delete", "apps", "statefulsets")}
     | {(verb, "", kind) for verb in ("create", "patch") for kind in ("services", "configmaps")}
+    | {("get", "", "configmaps")}
     | {("create", "policy", "poddisruptionbudgets"), ("patch", "policy", "poddisruptionbudgets")}
     | {(verb, "networking.k8s.io", "networkpolicies")
        for verb in ("get", "create", "patch", "delete")}

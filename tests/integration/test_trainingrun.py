@@ -661,6 +661,30 @@ def test_a_wrong_model_path_fails_the_job_at_once_whatever_its_backoff_limit(
     assert len(runs.job_pods("no-model-train")) == 1
 
 
+def test_a_custom_loop_waits_for_its_config_map_then_trains_with_its_code(
+    kube: ControlPlane, runs: Runs
+) -> None:
+    make_pool_ready(kube, runs)
+    custom = {"className": "my_loops.Loop", "configMap": "my-loops"}
+    runs.create("own-loop", preflight={"enabled": False}, customAgentLoop=custom)
+    runs.wait_events("own-loop", {"AgentLoopCodeNotFound"})
+    pending = runs.wait_condition("own-loop", "Running", "False", "Pending")
+    assert "ConfigMap my-loops (customAgentLoop.configMap) is not in namespace" in pending["message"]
+    assert not runs.job("own-loop-train")
+
+    code = {"metadata": {"name": "my-loops"}, "data": {"my_loops.py": "class Loop: ...\n"}}
+    runs.core.create_namespaced_config_map(runs.namespace, code)
+    job = eventually("the training Job", lambda: runs.job("own-loop-train"))
+    pod = job.spec.template.spec
+    assert {v.name: v.config_map.name for v in pod.volumes if v.config_map}["custom-agent-loop"] == (
+        "my-loops"
+    )
+    (trainer,) = pod.containers
+    assert trainer.command[trainer.command.index("--agent-loop-class") + 1] == "my_loops.Loop"
+    agent_loop = runs.core.read_namespaced_config_map("own-loop-agent-loop", runs.namespace)
+    assert "_target_: my_loops.Loop" in agent_loop.data["agent-loop.yaml"]
+
+
 def test_a_failed_preflight_fails_the_run_and_asks_for_no_gpu(
     kube: ControlPlane, runs: Runs
 ) -> None:

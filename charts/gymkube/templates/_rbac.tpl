@@ -38,6 +38,10 @@ tests/integration/test_packaging.py checks these rules against the operator's ne
 - apiGroups: [""]
   resources: ["services", "configmaps"]
   verbs: ["create", "patch"]
+# Whether a TrainingRun's customAgentLoop.configMap exists before its trainer is created.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get"]
 # An EnvPool's PodDisruptionBudget: server-side applied.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]

@@ -1038,3 +1038,16 @@ def test_the_status_keeps_the_last_restarts_and_counts_them_all() -> None:
     patch = status.to_patch()
     assert patch["restarts"]["count"] == RECENT_RESTARTS + 2
     assert patch["trainerPod"] == f"grpo-train-{RECENT_RESTARTS + 2}"
+
+
+def test_a_custom_loop_waits_for_its_config_map_and_says_so() -> None:
+    custom = {"className": "my_loops.Loop", "configMap": "my-loops"}
+    fields = {"preflight": {"enabled": False}, "customAgentLoop": custom}
+    waiting = step(Observed(pool=pool(), custom_loop_code_found=False), **fields)
+    assert waiting.create == []
+    assert waiting.status.phase == "Pending"
+    assert "ConfigMap my-loops (customAgentLoop.configMap)" in waiting.status.conditions[-1].message
+    (event,) = [e for e in waiting.events if e.reason == "AgentLoopCodeNotFound"]
+    assert event.type == "Warning"
+    found = step(Observed(pool=pool(), custom_loop_code_found=True), waiting.status, **fields)
+    assert created(found) == [("ConfigMap", "grpo-agent-loop"), ("Job", "grpo-train")]

@@ -154,6 +154,11 @@ async def observe(
         # Hydra composes for a few hundred milliseconds: off the event loop (and once per list).
         rendered = command.run_overrides(name, spec)
         problem = await asyncio.to_thread(overrides.check, rendered, len(spec.overrides))
+    code_found = None
+    custom = spec.custom_agent_loop
+    if training is None and custom is not None and custom.config_map:
+        code = await rt.client.get("v1", "ConfigMap", namespace, custom.config_map)
+        code_found = code is not None
     preflight_job = message = None
     if spec.preflight.enabled and training is None:
         preflight_job, message = await _preflight(rt, name, namespace)
@@ -168,6 +173,7 @@ async def observe(
         earlier_trainer_log=found.earlier_trainer_log,
         rayjob_served=found.rayjob_served,
         override_problem=problem,
+        custom_loop_code_found=code_found,
     )
 
 

@@ -88,6 +88,8 @@ class Observed:
     rayjob_served: bool | None = None
     # What verl's config says of spec.overrides; None when they compose (or nobody asked).
     override_problem: OverrideProblem | None = None
+    # Whether customAgentLoop.configMap exists; None when nobody asked.
+    custom_loop_code_found: bool | None = None
 
 
 @dataclasses.dataclass
@@ -416,6 +418,20 @@ def plan(
         writer.condition(PREFLIGHT_PASSED, TRUE if passed else FALSE, why, detail)
         if not passed:
             return done(_Outcome(Phase.FAILED, why, detail))
+
+    custom = spec.custom_agent_loop
+    if custom is not None and custom.config_map and observed.custom_loop_code_found is False:
+        # A pod would wait on the mount too, with the cause only in its Events; say it here.
+        return done(
+            _Outcome(
+                Phase.PENDING,
+                Reason.AGENT_LOOP_CODE_NOT_FOUND,
+                f"ConfigMap {custom.config_map} (customAgentLoop.configMap) is not in namespace "
+                f"{run.namespace}: create it from your loop's files (kubectl create configmap "
+                f"{custom.config_map} --from-file=...); the trainer starts once it exists",
+                trouble=True,
+            )
+        )
 
     child = render.training_child(target)
     api_version, kind = child["apiVersion"], child["kind"]

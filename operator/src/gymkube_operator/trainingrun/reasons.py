@@ -26,6 +26,7 @@ class Reason(StrEnum):
     PREFLIGHT_SUCCEEDED = "PreflightSucceeded"
     PREFLIGHT_FAILED = "PreflightFailed"
     # The training child's life
+    AGENT_LOOP_CODE_NOT_FOUND = "AgentLoopCodeNotFound"  # no customAgentLoop.configMap yet
     TRAINING_CREATED = "TrainingCreated"
     WAITING_FOR_ADMISSION = "WaitingForAdmission"  # Kueue holds the suspended child
     TRAINING_STARTING = "TrainingStarting"
