@@ -669,16 +669,16 @@ def test_a_custom_loop_waits_for_its_config_map_then_trains_with_its_code(
     runs.create("own-loop", preflight={"enabled": False}, customAgentLoop=custom)
     runs.wait_events("own-loop", {"AgentLoopCodeNotFound"})
     pending = runs.wait_condition("own-loop", "Running", "False", "Pending")
-    assert "ConfigMap my-loops (customAgentLoop.configMap) is not in namespace" in pending["message"]
+    said = "ConfigMap my-loops (customAgentLoop.configMap) is not in namespace"
+    assert said in pending["message"]
     assert not runs.job("own-loop-train")
 
     code = {"metadata": {"name": "my-loops"}, "data": {"my_loops.py": "class Loop: ...\n"}}
     runs.core.create_namespaced_config_map(runs.namespace, code)
     job = eventually("the training Job", lambda: runs.job("own-loop-train"))
     pod = job.spec.template.spec
-    assert {v.name: v.config_map.name for v in pod.volumes if v.config_map}["custom-agent-loop"] == (
-        "my-loops"
-    )
+    config_maps = {v.name: v.config_map.name for v in pod.volumes if v.config_map}
+    assert config_maps["custom-agent-loop"] == "my-loops"
     (trainer,) = pod.containers
     assert trainer.command[trainer.command.index("--agent-loop-class") + 1] == "my_loops.Loop"
     agent_loop = runs.core.read_namespaced_config_map("own-loop-agent-loop", runs.namespace)
