@@ -46,10 +46,7 @@ def cluster(kube: ControlPlane, namespace: str, crds: None) -> Iterator[Cluster]
         yield Cluster(client, namespace)
 
 
-@pytest.fixture
-def operator(kube: ControlPlane, cluster: Cluster, tmp_path: Path) -> Iterator[OperatorProcess]:
-    with running_operator(kube, cluster, tmp_path / "operator.log") as process:
-        yield process
+# `operator` is conftest's, on this module's `cluster`.
 
 
 def apply(kube: ControlPlane, namespace: str, body: dict[str, Any]) -> tuple[int, str]:
