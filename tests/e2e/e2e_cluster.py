@@ -53,15 +53,19 @@ print(pid)
 """
 )
 # argv: the server's port. Polls its /status from inside the pod, so the SIGSTOP lands within
-# tens of milliseconds of the next session's create.
+# tens of milliseconds of the next session's create; a poll that times out is asked again.
 FREEZE_AT_NEXT_SESSION = (
     _FIND_ENVSERVER
     + """
 pid = envserver_pid()
 def served():
     url = f"http://127.0.0.1:{sys.argv[1]}/status"
-    with urllib.request.urlopen(url, timeout=5) as answer:
-        return json.load(answer)["served"]
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as answer:
+                return json.load(answer)["served"]
+        except OSError:  # a node starved by the trainer can leave one answer past 5 s
+            time.sleep(0.2)
 before = served()
 while served() == before:
     time.sleep(0.05)
