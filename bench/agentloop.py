@@ -86,9 +86,9 @@ class TimedMerges(GymkubeEnvAgentLoop):
 class ClientPerTrajectoryLoop(TimedMerges):
     """The seed's pattern: a fresh HTTP client, and so fresh connections, per trajectory."""
 
-    def make_env_client(self) -> EnvClient:
+    def make_env_client(self, url: str) -> EnvClient:
         self._session = aiohttp.ClientSession()
-        return EnvClient(self.settings.env_url, self.settings.env_client, session=self._session)
+        return EnvClient(url, self.settings.env_client, session=self._session)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         try:

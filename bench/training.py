@@ -341,7 +341,7 @@ async def play_rounds(
     ):
 
         class InProcessLoop(GymkubeEnvAgentLoop):
-            def make_env_client(self) -> EnvClient:
+            def make_env_client(self, url: str) -> EnvClient:
                 return InProcessClient(in_process)
 
         variants: dict[str, type[GymkubeEnvAgentLoop]] = {

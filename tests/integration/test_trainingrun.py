@@ -91,6 +91,8 @@ class Runs:
             "metadata": {"name": name},
             "spec": {"envPoolRef": {"name": POOL}, "model": {"path": "/models/q"}, **spec},
         }
+        # A None drops the key (envPoolRef, for a run over envPools).
+        body["spec"] = {key: value for key, value in body["spec"].items() if value is not None}
         self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, body)
 
     def get(self, name: str) -> dict[str, Any] | None:
@@ -310,26 +312,36 @@ def runs(
             core.delete_namespace(namespace)
 
 
-def make_pool_ready(kube: ControlPlane, runs: Runs) -> str:
+def make_pool_ready(kube: ControlPlane, runs: Runs, name: str = POOL, **spec: Any) -> str:
     """The EnvPool handlers make the pool; the test plays kubelet for its pods."""
     cluster = Cluster(runs.api, runs.namespace)
-    if cluster.get(POOL) is None:
-        cluster.create(envpool(POOL, replicas=1))
+    if cluster.get(name) is None:
+        cluster.create(envpool(name, replicas=1, **spec))
 
     def marked() -> bool | None:
-        return True if cluster.mark_pods_ready(f"gymkube.io/envpool={POOL}") == 2 else None
+        return True if cluster.mark_pods_ready(f"gymkube.io/envpool={name}") == 2 else None
 
     eventually("pool pods from the StatefulSet and Deployment controllers", marked)
     kube.kubectl(
-        "wait", "-n", runs.namespace, "--for=condition=Ready", f"envpool/{POOL}", "--timeout=60s"
+        "wait", "-n", runs.namespace, "--for=condition=Ready", f"envpool/{name}", "--timeout=60s"
     )
-    pool = cluster.get(POOL) or {}
+    pool = cluster.get(name) or {}
     url: str = pool["status"]["url"]
     return url
 
 
 INVALID: list[tuple[str, dict[str, Any], str]] = [
-    ("no pool", {"envPoolRef": None}, "spec.envPoolRef: Required value"),
+    ("no pool", {"envPoolRef": None}, "set envPoolRef (one pool) or envPools (several), not both"),
+    (
+        "two kinds of pool",
+        {"envPools": [{"name": "other"}]},
+        "set envPoolRef (one pool) or envPools (several), not both",
+    ),
+    (
+        "a pool twice",
+        {"envPoolRef": None, "envPools": [{"name": "a"}, {"name": "a", "weight": 2}]},
+        "envPools names each pool once",
+    ),
     ("no model", {"model": None}, "spec.model: Required value"),
     ("zero nodes", {"nodes": 0}, "spec.nodes: Invalid value: 0"),
     ("unknown algorithm", {"algorithm": "dpo"}, 'spec.algorithm: Unsupported value: "dpo"'),
@@ -548,6 +560,106 @@ def test_a_run_waits_for_its_pool_then_preflights_then_trains_then_fails(
     header = ["NAME", "POOL", "PHASE", "NODES", "STEP", "TOTAL", "REWARD", "ETA", "RESTARTS", "AGE"]
     assert table.split()[: len(header)] == header
     assert "Failed" in table
+
+
+GAME_POOL = "guess"
+
+
+def test_a_run_over_two_pools_waits_for_both_then_preflights_each(
+    kube: ControlPlane, runs: Runs
+) -> None:
+    lake = make_pool_ready(kube, runs)
+    runs.create(
+        "mixed",
+        envPoolRef=None,
+        envPools=[{"name": POOL, "weight": 3}, {"name": GAME_POOL, "promptTemplate": "terse"}],
+        agentLoop={
+            "templates": {"terse": {"system": "s", "instructions": "i", "acknowledgement": "a"}}
+        },
+        dataset={"size": 10, "valSize": 2},
+        preflight={"episodes": 8},
+    )
+    waiting = runs.wait_condition("mixed", "EnvPoolReady", "False", "EnvPoolNotFound")
+    assert waiting["message"] == f"EnvPool {GAME_POOL} does not exist in this namespace"
+    assert runs.children("mixed") == set()
+
+    guess = make_pool_ready(kube, runs, GAME_POOL, env="textarena:GuessTheNumber-v0")
+    ready = runs.wait_condition("mixed", "EnvPoolReady", "True")
+    assert ready["message"] == f"EnvPools {POOL}, {GAME_POOL} are Ready"
+    run = runs.wait_phase("mixed", "Preflight")
+    assert run["status"]["envPoolUrls"] == {POOL: lake, GAME_POOL: guess}
+
+    # One preflight container per pool, each on its own pool with its own template.
+    pod_spec = runs.job("mixed-preflight").spec.template.spec
+    containers = {c.name: c.command for c in pod_spec.containers}
+    assert set(containers) == {f"preflight-{POOL}", f"preflight-{GAME_POOL}"}
+    assert lake in containers[f"preflight-{POOL}"]
+    played = containers[f"preflight-{GAME_POOL}"]
+    assert guess in played
+    assert "textarena:GuessTheNumber-v0" in played
+    assert played[played.index("--template") + 1] == "terse"
+
+    # What the kubelet reports once both containers wrote their summaries.
+    game = {**SUMMARY, "episodes": 8, "mean_score": 0.5}
+    pod = runs.job_pod("mixed-preflight")
+    statuses = [
+        {
+            "name": name,
+            "image": "reg.example/preflight:1",
+            "imageID": "",
+            "ready": False,
+            "restartCount": 0,
+            "state": {
+                "terminated": {
+                    "exitCode": 0,
+                    "reason": "Completed",
+                    "startedAt": now(),
+                    "finishedAt": now(),
+                    "message": json.dumps(summary),
+                }
+            },
+        }
+        for name, summary in ((f"preflight-{POOL}", SUMMARY), (f"preflight-{GAME_POOL}", game))
+    ]
+    runs.core.patch_namespaced_pod_status(
+        pod.metadata.name,
+        runs.namespace,
+        {"status": {"phase": "Succeeded", "containerStatuses": statuses}},
+    )
+    passed = runs.wait_condition("mixed", "PreflightPassed", "True", "PreflightSucceeded")
+    assert passed["message"] == (
+        f"EnvPool {POOL}: 8 episodes; mean score 0.25; env errors: none; "
+        f"EnvPool {GAME_POOL}: 8 episodes; mean score 0.50; env errors: none"
+    )
+    run = runs.wait_phase("mixed", "Starting")
+    assert run["status"]["preflight"]["summary"] == {"pools": {POOL: SUMMARY, GAME_POOL: game}}
+
+    # The dataset: a pair of steps per pool, 10 rows split 3:1 (8 and 2), validation 1 and 1.
+    train = runs.job("mixed-train").spec.template
+    assert train.metadata.labels[f"clients.gymkube.io/{POOL}"] == "true"
+    assert train.metadata.labels[f"clients.gymkube.io/{GAME_POOL}"] == "true"
+    steps = {c.name: c.command for c in train.spec.init_containers}
+    assert list(steps) == [
+        f"dataset-train-{POOL}",
+        f"dataset-val-{POOL}",
+        f"dataset-train-{GAME_POOL}",
+        f"dataset-val-{GAME_POOL}",
+    ]
+    sizes = {name: command[command.index("--size") + 1] for name, command in steps.items()}
+    assert list(sizes.values()) == ["8", "1", "2", "1"]
+    assert steps[f"dataset-train-{GAME_POOL}"][-2:] == ["--pool", GAME_POOL]
+    trainer = train.spec.containers[0]
+    files = f"/data/train-{POOL}.parquet','/data/train-{GAME_POOL}.parquet"
+    assert f"data.train_files=['{files}']" in trainer.command
+    env = {e.name: e.value for e in trainer.env}
+    assert (env["GYMKUBE_ENV_URL"], env["GYMKUBE_ENV_URL_LAKE"]) == (lake, lake)
+    assert (env["GYMKUBE_ENV_URL_GUESS"], env["TEXTARENA_GUESSTHENUMBER_V0_ENV_BASE"]) == (
+        guess,
+        guess,
+    )
+    config = runs.core.read_namespaced_config_map("mixed-agent-loop", runs.namespace)
+    (entry,) = yaml.safe_load(config.data["agent-loop.yaml"])
+    assert entry["env_urls"] == {POOL: lake, GAME_POOL: guess}
 
 
 def test_a_cpu_run_trains_without_a_gpu_and_an_oom_kill_says_so(

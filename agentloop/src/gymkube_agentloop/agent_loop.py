@@ -6,8 +6,9 @@ Register it through the agent-loop YAML (Ray workers only import what the YAML n
       _target_: gymkube_agentloop.agent_loop.GymkubeEnvAgentLoop
       env_url: http://sciworld.envs:8000
 
-Each dataset row names its task by `item_id` (`<env>_<data_idx>`) and may pick a prompt
-template with `extra_info.template`. An episode verl can train on comes back as an
+Each dataset row names its task by `item_id` (`<env>_<data_idx>`), may pick a prompt
+template with `extra_info.template` and, in a run over several pools (the YAML's `env_urls`), the
+pool that plays it with `extra_info.pool`. An episode verl can train on comes back as an
 `AgentLoopOutput` whose `extra_fields["env_ending"]` says how it ended. One that cannot be trained
 on (its env failed for good, its row is bad, or the model never took a turn) raises
 `EpisodeExcluded` instead: verl's transfer-queue worker then leaves it out of its GRPO group, so
@@ -136,6 +137,7 @@ class _Rollout:
     """State of one trajectory, kept outside `_run` so a failure can still be reported."""
 
     item_id: str = ""
+    pool: str | None = None
     # verl batches log-probs only if every trajectory has them, even one that never generated.
     wants_logprobs: bool = False
     opening_length: int = 0
@@ -192,8 +194,11 @@ class GymkubeEnvAgentLoop(AgentLoopBase):
     async def run(
         self, sampling_params: dict[str, Any], priority: int = 0, **kwargs: Any
     ) -> AgentLoopOutput:
+        extra_info = _plain(kwargs.get("extra_info")) or {}
+        pool = extra_info.get("pool")
         rollout = _Rollout(
             item_id=str(kwargs.get("item_id", "")),
+            pool=str(pool) if pool is not None else None,
             wants_logprobs=bool(sampling_params.get("logprobs")),
         )
         try:
@@ -213,7 +218,6 @@ class GymkubeEnvAgentLoop(AgentLoopBase):
         if excluded and not rollout.detail:
             rollout.detail = "the episode ended before the model's first turn"
         extra_fields = self._extra_fields(rollout)
-        extra_info = _plain(kwargs.get("extra_info")) or {}
         append_record(
             EpisodeRecord(
                 step=int(kwargs.get("global_steps") or 0),
@@ -222,6 +226,10 @@ class GymkubeEnvAgentLoop(AgentLoopBase):
                 excluded=excluded,
                 replays=extra_fields["env_replays"],
                 canary_failures=extra_fields["env_replay_canary_failures"],
+                pool=rollout.pool,
+                reward=None if excluded else self._reward(rollout),
+                turns=rollout.replies,
+                env_errors=sum(extra_fields["env_errors"].values()),
             )
         )
         if excluded:
@@ -283,9 +291,10 @@ class GymkubeEnvAgentLoop(AgentLoopBase):
         mask, logprobs = builder.align_response_metadata(merged, response_mask, response_logprobs)
         return merged, mask, logprobs
 
-    def make_env_client(self) -> EnvClient:
-        """The client of one trajectory; it shares the worker process's HTTP session."""
-        return EnvClient(self.settings.env_url, self.settings.env_client)
+    def make_env_client(self, url: str) -> EnvClient:
+        """The client of one trajectory on the pool at URL; it shares the worker process's HTTP
+        session."""
+        return EnvClient(url, self.settings.env_client)
 
     @_traced
     async def env_start(self, episode: EnvEpisode) -> Turn:
@@ -302,11 +311,17 @@ class GymkubeEnvAgentLoop(AgentLoopBase):
         priority: int,
         row_fields: dict[str, Any],
     ) -> None:
-        tasks = await fetch_tasks(self.settings.env_url, self.settings.env_client)
+        url = self.settings.url_of(rollout.pool)
+        if url is None:
+            known = ", ".join(sorted(self.settings.env_urls))
+            raise BadRowError(
+                f"row {rollout.item_id!r} is for pool {rollout.pool!r}; this run plays {known}"
+            )
+        tasks = await fetch_tasks(url, self.settings.env_client)
         row = self._parse_row(row_fields, tasks)
         rollout.messages = list(row.opening)
         rollout.opening_length = len(row.opening)
-        client = rollout.client = self.make_env_client()
+        client = rollout.client = self.make_env_client(url)
         episode = EnvEpisode(client, row.template, row.data_idx, tasks.score_scale, seed=row.seed)
         rollout.episode = episode
         async with episode:
@@ -450,11 +465,16 @@ class GymkubeEnvAgentLoop(AgentLoopBase):
                 if rollout.response_logprobs or rollout.wants_logprobs
                 else None
             ),
-            reward_score=episode.reward(best=self.settings.reward is RewardMode.BEST),
+            reward_score=self._reward(rollout),
             num_turns=len(rollout.messages) - rollout.opening_length,
             metrics=rollout.metrics,
             extra_fields=extra_fields,
         )
+
+    def _reward(self, rollout: _Rollout) -> float:
+        episode = rollout.episode
+        assert episode is not None, "a trainable episode has played"
+        return episode.reward(best=self.settings.reward is RewardMode.BEST)
 
     def _extra_fields(self, rollout: _Rollout) -> dict[str, Any]:
         """What the episode was, for verl's extra_fields (and an excluded episode's report)."""
@@ -468,6 +488,7 @@ class GymkubeEnvAgentLoop(AgentLoopBase):
         replays = episode.replays if episode is not None else ReplayStats()
         extra_fields: dict[str, Any] = {
             "env_item_id": rollout.item_id,
+            "env_pool": rollout.pool or "",
             "env_ending": str(rollout.ending),
             "env_detail": rollout.detail,
             "env_score": episode.score if episode is not None else 0.0,

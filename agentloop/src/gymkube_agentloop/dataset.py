@@ -2,8 +2,10 @@
 
 Each row carries the opening messages of its prompt template (`prompt`), the agent loop that
 plays it (`agent_name`), the task (`item_id` = `<env>_<data_idx>`) and `extra_info` (`index`,
-`split`, `data_idx`, `template`, `task_name`, `validation`). verl hands every column to the agent
-loop.
+`split`, `data_idx`, `template`, `task_name`, `validation`, and with `--pool`, the pool that plays
+it). verl hands every column to the agent loop. A run over several pools writes one parquet per
+pool (`--pool`); verl reads them as one dataset and shuffles it. Its `data_source` column, which
+keys verl's validation metrics, is then the pool's name, else the env's.
 """
 
 from __future__ import annotations
@@ -56,13 +58,14 @@ def build_rows(
     template: PromptTemplate,
     agent_name: str = AGENT_NAME,
     validation: bool = False,
+    pool: str | None = None,
 ) -> list[dict[str, Any]]:
     indices = tasks.indices(split)
     if not indices:
         raise ValueError(f"split {split!r} of env {tasks.env!r} is empty")
     return [
         {
-            "data_source": tasks.env,
+            "data_source": pool or tasks.env,
             "agent_name": agent_name,
             "item_id": item_id(tasks.env, data_idx),
             "prompt": template.opening(),
@@ -77,6 +80,7 @@ def build_rows(
                 "task_name": tasks.task_name(data_idx),
                 # Validation episodes are not counted in a training step's episode figures.
                 "validation": validation,
+                **({"pool": pool} if pool else {}),
             },
         }
         for index, data_idx in enumerate(sample_indices(indices, size, seed))
@@ -96,6 +100,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--agent-name", default=AGENT_NAME, help=f"default {AGENT_NAME}")
     parser.add_argument(
         "--validation", action="store_true", help="rows of verl's validation set (data.val_files)"
+    )
+    parser.add_argument(
+        "--pool", help="the pool's name, for a run over several pools: every row names it"
     )
     return parser.parse_args(argv)
 
@@ -117,6 +124,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             template=template,
             agent_name=args.agent_name,
             validation=args.validation,
+            pool=args.pool,
         )
     except ValueError as exc:
         fail(PROG, str(exc), EXIT_BAD_INPUT)
@@ -126,7 +134,8 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     except OSError as exc:
         fail(PROG, f"cannot write {args.out}: {exc.strerror or exc}", EXIT_BAD_INPUT)
     distinct = len({row["item_id"] for row in rows})
-    return {"out": str(args.out), "rows": len(rows), "distinct_tasks": distinct, "env": tasks.env}
+    summary = {"out": str(args.out), "rows": len(rows), "distinct_tasks": distinct}
+    return {**summary, "env": tasks.env, **({"pool": args.pool} if args.pool else {})}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -26,6 +26,10 @@ class EpisodeRecord(BaseModel):
     excluded: bool = Field(description="left out of training: its env failed, or no turn")
     replays: int = Field(default=0, ge=0, description="times its session was rebuilt")
     canary_failures: int = Field(default=0, ge=0, description="replays whose canary differed")
+    pool: str | None = Field(default=None, description="the pool that served it (its row's)")
+    reward: float | None = Field(default=None, description="its reward; unset when excluded")
+    turns: int = Field(default=0, ge=0, description="the model's replies")
+    env_errors: int = Field(default=0, ge=0, description="env calls that failed")
 
     def line(self) -> str:
         return self.model_dump_json(by_alias=True) + "\n"

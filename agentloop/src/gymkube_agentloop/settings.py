@@ -27,6 +27,11 @@ class AgentLoopSettings(BaseSettings):
         validation_alias=AliasChoices("env_url", "GYMKUBE_ENV_URL", "SCIWORLD_ENV_BASE"),
         description="Base URL of the env pool (or a single env server).",
     )
+    env_urls: dict[str, str] = Field(
+        default_factory=dict,
+        description="A run over several pools: pool name -> base URL; each row's "
+        "extra_info.pool picks one. Empty: env_url serves every row.",
+    )
     prompt_template: str | None = Field(
         default=None,
         description="Template for rows that name none; default: the env part of the row's item_id.",
@@ -53,6 +58,22 @@ class AgentLoopSettings(BaseSettings):
     @field_validator("env_url")
     @classmethod
     def _http_url(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError(f"env_url must start with http:// or https://, got {value!r}")
-        return value.rstrip("/")
+        return http_url("env_url", value)
+
+    @field_validator("env_urls")
+    @classmethod
+    def _http_urls(cls, value: dict[str, str]) -> dict[str, str]:
+        return {pool: http_url(f"env_urls.{pool}", url) for pool, url in value.items()}
+
+    def url_of(self, pool: str | None) -> str | None:
+        """The base URL serving a row of POOL (a row naming none: env_url); None when the run
+        lists its pools and POOL is not one of them."""
+        if pool is None or not self.env_urls:
+            return self.env_url
+        return self.env_urls.get(pool)
+
+
+def http_url(key: str, value: str) -> str:
+    if not value.startswith(("http://", "https://")):
+        raise ValueError(f"{key} must start with http:// or https://, got {value!r}")
+    return value.rstrip("/")

@@ -75,6 +75,19 @@ _ERROR_WORDS = re.compile(r"(Error|Exception|error:|Killed|OOM|Traceback)")
 TERMINATION_LIMIT = 4096
 
 
+class PoolProgress(BaseModel):
+    """One pool's share of a step's training episodes."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
+    episodes: int = Field(ge=0)
+    episodes_excluded: int = Field(ge=0)
+    episodes_replayed: int = Field(ge=0)
+    env_errors: int = Field(ge=0, description="env calls of its episodes that failed")
+    mean_reward: float | None = Field(description="over its trained episodes")
+    mean_turns: float | None = Field(description="the model's replies per episode")
+
+
 class TrainingProgress(BaseModel):
     """One `gymkube-progress` line: where the run is after a step."""
 
@@ -95,6 +108,7 @@ class TrainingProgress(BaseModel):
     episodes_replayed: int | None = None
     episodes_excluded: int | None = None
     replay_canary_failures: int | None = None
+    pools: dict[str, PoolProgress] | None = None
 
     def line(self) -> str:
         body = self.model_dump(by_alias=True, exclude_none=True)
@@ -138,6 +152,41 @@ def resumed_step(command: Sequence[str], checkpoint_dir: Path) -> int:
     return step
 
 
+def _mean(values: Sequence[float]) -> float | None:
+    return round(sum(values) / len(values), 4) if values else None
+
+
+@dataclasses.dataclass
+class PoolEpisodes:
+    """One pool's episodes of a step."""
+
+    episodes: int = 0
+    excluded: int = 0
+    replayed: int = 0
+    env_errors: int = 0
+    rewards: list[float] = dataclasses.field(default_factory=list)
+    turns: list[int] = dataclasses.field(default_factory=list)
+
+    def add(self, record: EpisodeRecord) -> None:
+        self.episodes += 1
+        self.excluded += record.excluded
+        self.replayed += record.replays > 0
+        self.env_errors += record.env_errors
+        self.turns.append(record.turns)
+        if record.reward is not None:
+            self.rewards.append(record.reward)
+
+    def progress(self) -> PoolProgress:
+        return PoolProgress(
+            episodes=self.episodes,
+            episodes_excluded=self.excluded,
+            episodes_replayed=self.replayed,
+            env_errors=self.env_errors,
+            mean_reward=_mean(self.rewards),
+            mean_turns=_mean(self.turns),
+        )
+
+
 @dataclasses.dataclass
 class StepEpisodes:
     """One training step's episodes, counted from the agent loop's episode log."""
@@ -146,12 +195,19 @@ class StepEpisodes:
     replayed: int = 0
     excluded: int = 0
     canary_failures: int = 0
+    # By the pool that served them, for episodes whose rows name one (the operator's always do).
+    pools: dict[str, PoolEpisodes] = dataclasses.field(default_factory=dict)
 
     def add(self, record: EpisodeRecord) -> None:
         self.episodes += 1
         self.replayed += record.replays > 0
         self.excluded += record.excluded
         self.canary_failures += record.canary_failures
+        if record.pool is not None:
+            self.pools.setdefault(record.pool, PoolEpisodes()).add(record)
+
+    def pool_progress(self) -> dict[str, PoolProgress] | None:
+        return {name: pool.progress() for name, pool in self.pools.items()} or None
 
 
 def progress_of(
@@ -188,6 +244,7 @@ def progress_of(
         episodes_replayed=episodes.replayed if episodes else None,
         episodes_excluded=episodes.excluded if episodes else None,
         replay_canary_failures=episodes.canary_failures if episodes else None,
+        pools=episodes.pool_progress() if episodes else None,
     )
 
 

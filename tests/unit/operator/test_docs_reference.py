@@ -24,10 +24,15 @@ DOCS = Path(__file__).parents[3] / "docs"
 UNSET = ("required", "none", "operator's", "the env's own", "an emptyDir")
 
 
-def _nested(annotation: Any) -> type[BaseModel] | None:
+def _nested(annotation: Any) -> tuple[type[BaseModel], str] | None:
+    """The model a field holds, and how its fields' paths go on: "." for one, "[]." for a list."""
     for candidate in (annotation, *typing.get_args(annotation)):
         if isinstance(candidate, type) and issubclass(candidate, BaseModel):
-            return candidate
+            return candidate, "."
+        if typing.get_origin(candidate) is list:
+            (item,) = typing.get_args(candidate)
+            if isinstance(item, type) and issubclass(item, BaseModel):
+                return item, "[]."
     return None
 
 
@@ -38,7 +43,7 @@ def _fields(model: type[BaseModel], prefix: str = "") -> dict[str, Any]:
         path = prefix + (field.alias or name)
         found[path] = None if field.is_required() else field.get_default(call_default_factory=True)
         if (inner := _nested(field.annotation)) is not None:
-            found.update(_fields(inner, path + "."))
+            found.update(_fields(inner[0], path + inner[1]))
     return found
 
 
@@ -72,7 +77,7 @@ def test_the_spec_table_is_the_models(doc: str, model: type[BaseModel]) -> None:
 
     def covered(path: str) -> bool:
         # Itself, a parent row that covers it, or rows for its own fields.
-        parts = path.split(".")
+        parts = path.replace("[].", ".").split(".")
         parents = (".".join(parts[:n]) for n in range(1, len(parts) + 1))
         return any(p in table for p in parents) or any(k.startswith(path + ".") for k in table)
 

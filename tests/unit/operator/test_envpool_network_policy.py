@@ -12,7 +12,7 @@ from gymkube_operator.envpool import builders
 from gymkube_operator.envpool.models import EnvPoolSpec
 from gymkube_operator.settings import OperatorSettings
 from gymkube_operator.trainingrun import render
-from gymkube_operator.trainingrun.command import Run, RunTarget
+from gymkube_operator.trainingrun.command import Run, RunTarget, ServedPool
 from gymkube_operator.trainingrun.models import TrainingRunSpec
 from pydantic import ValidationError
 
@@ -119,6 +119,23 @@ def test_other_pools_other_namespaces_and_strangers_are_refused() -> None:
     ]
     for source in strangers:
         assert not admits(policy(), source, server, "http"), source
+
+
+def test_a_run_over_several_pools_reaches_each_of_them_and_no_other() -> None:
+    spec = TrainingRunSpec.model_validate(
+        {"envPools": [{"name": "sciworld"}, {"name": "frozen-lake"}], "model": {"path": "/m"}}
+    )
+    run = Run("mixed", "rl", "uid", "t", "t-cpu", "p", "Always")
+    pools = tuple(ServedPool(share, f"http://{share.name}", "sciworld") for share in spec.pools())
+    target = RunTarget(run, spec, "http://sciworld", "sciworld", pools)
+    jobs = [render.preflight_job(target), render.training_job(target)]
+    mixed = [Pod("rl", job["spec"]["template"]["metadata"]["labels"]) for job in jobs]
+    for pool in ("sciworld", "frozen-lake"):
+        server, _ = pool_pods(pool, "rl")
+        for source in mixed:
+            assert admits(policy(pool), source, server, "http"), (pool, source)
+    server, _ = pool_pods("textarena", "rl")
+    assert not any(admits(policy("textarena"), source, server, "http") for source in mixed)
 
 
 PROMETHEUS = Pod(

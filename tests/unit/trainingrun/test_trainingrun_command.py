@@ -442,6 +442,16 @@ def test_the_progress_line_gymkube_train_prints_is_the_one_the_operator_reads() 
         episodes_replayed=3,
         episodes_excluded=1,
         replay_canary_failures=1,
+        pools={
+            "lake": train.PoolProgress(
+                episodes=16,
+                episodes_excluded=1,
+                episodes_replayed=3,
+                env_errors=2,
+                mean_reward=0.5,
+                mean_turns=2.5,
+            )
+        },
     )
     assert readings.PROGRESS_PREFIX == train.PROGRESS_PREFIX
     read = readings.parse_progress(f"(TaskRunner pid=1) step:3\n{printed.line()}\n")

@@ -143,7 +143,9 @@ def test_passed_preflight_creates_config_map_and_training_job() -> None:
     first = step(Observed(pool=pool()))
     done = job("grpo-preflight", ("Complete", "Completed"))
     plan = step(
-        Observed(pool=pool(), preflight_job=done, preflight_message=json.dumps(SUMMARY)),
+        Observed(
+            pool=pool(), preflight_job=done, preflight_messages={"preflight": json.dumps(SUMMARY)}
+        ),
         first.status,
     )
     assert created(plan) == [("ConfigMap", "grpo-agent-loop"), ("Job", "grpo-train")]
@@ -164,7 +166,9 @@ def test_failed_preflight_fails_the_run_with_its_summary() -> None:
     failed = job("grpo-preflight", ("Failed", "BackoffLimitExceeded"))
     summary = {"ok": False, "env_errors": {"http_500": 3}}
     plan = step(
-        Observed(pool=pool(), preflight_job=failed, preflight_message=json.dumps(summary)),
+        Observed(
+            pool=pool(), preflight_job=failed, preflight_messages={"preflight": json.dumps(summary)}
+        ),
         first.status,
     )
     assert plan.create == []
@@ -184,7 +188,10 @@ def test_preflight_crash_output_is_kept_when_it_is_not_json() -> None:
     first = step(Observed(pool=pool()))
     failed = job("grpo-preflight", ("Failed", "BackoffLimitExceeded"))
     crash = "gymkube-preflight: error: cannot read the task table: refused"
-    plan = step(Observed(pool=pool(), preflight_job=failed, preflight_message=crash), first.status)
+    plan = step(
+        Observed(pool=pool(), preflight_job=failed, preflight_messages={"preflight": crash}),
+        first.status,
+    )
     assert plan.status.preflight is not None
     assert plan.status.preflight.message == crash
     assert crash in next(c.message for c in plan.status.conditions if c.type == "Failed")
@@ -714,7 +721,9 @@ def test_the_preflight_summary_is_one_line_in_the_condition_and_whole_in_the_sta
     first = step(Observed(pool=pool()))
     failed = job("grpo-preflight", ("Failed", "BackoffLimitExceeded"))
     plan = step(
-        Observed(pool=pool(), preflight_job=failed, preflight_message=json.dumps(summary)),
+        Observed(
+            pool=pool(), preflight_job=failed, preflight_messages={"preflight": json.dumps(summary)}
+        ),
         first.status,
     )
     assert "\n" not in message(plan, "PreflightPassed")
@@ -726,7 +735,10 @@ def test_a_preflight_log_tail_is_one_line_in_the_condition() -> None:
     first = step(Observed(pool=pool()))
     failed = job("grpo-preflight", ("Failed", "BackoffLimitExceeded"))
     tail = "Traceback (most recent call last):\n  File x\nConnectionRefusedError: refused\n"
-    plan = step(Observed(pool=pool(), preflight_job=failed, preflight_message=tail), first.status)
+    plan = step(
+        Observed(pool=pool(), preflight_job=failed, preflight_messages={"preflight": tail}),
+        first.status,
+    )
     assert message(plan, "Failed") == (
         "preflight Job grpo-preflight failed: ConnectionRefusedError: refused"
     )

@@ -5,7 +5,12 @@ from typing import Any
 
 from gymkube_operator.envpool.models import KIND, OPENENV, EnvPoolSpec
 from gymkube_operator.kinds import ResourceRequirements
-from gymkube_operator.labels import COMPONENT_LABEL, POOL_CLIENT_LABEL, POOL_LABEL
+from gymkube_operator.labels import (
+    COMPONENT_LABEL,
+    POOL_CLIENT_LABEL,
+    POOL_LABEL,
+    pool_client_label,
+)
 from gymkube_operator.objects import RESTRICTED_CONTAINER, RESTRICTED_POD, Object, Owner, merge
 from gymkube_operator.settings import OperatorSettings
 
@@ -306,6 +311,7 @@ def build_network_policy(pool: Owner, spec: EnvPoolSpec, settings: OperatorSetti
     }
     routers = {"podSelector": {"matchLabels": selector_labels(pool.name, ROUTER)}}
     clients = {"podSelector": {"matchLabels": {POOL_CLIENT_LABEL: pool.name}}}
+    mixed_clients = {"podSelector": {"matchLabels": {pool_client_label(pool.name): "true"}}}
     # The env servers serve /metrics on the session port: a Prometheus the user names scrapes it.
     scrapers = (
         [
@@ -326,7 +332,7 @@ def build_network_policy(pool: Owner, spec: EnvPoolSpec, settings: OperatorSetti
             "policyTypes": ["Ingress"],
             "ingress": [
                 {
-                    "from": [routers, clients, operator, *scrapers],
+                    "from": [routers, clients, mixed_clients, operator, *scrapers],
                     "ports": [{"port": HTTP_PORT_NAME, "protocol": "TCP"}],
                 },
                 {"from": [operator], "ports": [{"port": ADMIN_PORT_NAME, "protocol": "TCP"}]},

@@ -12,12 +12,19 @@ from typing import Any
 import yaml
 
 from gymkube_operator.trainingrun import device
-from gymkube_operator.trainingrun.models import TrainingRunSpec
+from gymkube_operator.trainingrun.models import PoolShare, TrainingRunSpec
 
 # Where things live inside every trainer pod.
 DATA_DIR = "/data"
-TRAIN_FILE = f"{DATA_DIR}/train.parquet"
-VAL_FILE = f"{DATA_DIR}/val.parquet"
+
+
+def data_file(split: str, pool: str | None = None) -> str:
+    """Where a split's parquet is written: train or val, with envPools one per pool."""
+    return f"{DATA_DIR}/{split}{f'-{pool}' if pool else ''}.parquet"
+
+
+TRAIN_FILE = data_file("train")
+VAL_FILE = data_file("val")
 CONFIG_DIR = "/etc/gymkube"
 AGENT_LOOP_FILE = "agent-loop.yaml"
 SETTINGS_FILE = "run.yaml"
@@ -41,9 +48,18 @@ CUSTOM_LOOP_DIR = "/opt/gymkube/agent-loop"
 ENV_URL_VAR = "GYMKUBE_ENV_URL"
 
 
+def _variable(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name.upper())
+
+
 def env_base_var(env: str) -> str:
     """The <ENV>_ENV_BASE variable of an env name: upper case, non-alphanumerics as _."""
-    return "".join(c if c.isalnum() else "_" for c in env.upper()) + "_ENV_BASE"
+    return _variable(env) + "_ENV_BASE"
+
+
+def pool_url_var(pool: str) -> str:
+    """GYMKUBE_ENV_URL_<POOL>: one pool's URL in a run over envPools."""
+    return f"{ENV_URL_VAR}_{_variable(pool)}"
 
 
 # verl's own default for ppo_max_token_len_per_gpu; raised when one trajectory would not fit.
@@ -78,13 +94,28 @@ class Run:
 
 
 @dataclasses.dataclass(frozen=True)
+class ServedPool:
+    """One pool of a run over envPools, as the operator found it Ready."""
+
+    share: PoolShare
+    url: str
+    env: str
+
+    @property
+    def name(self) -> str:
+        return self.share.name
+
+
+@dataclasses.dataclass(frozen=True)
 class RunTarget:
-    """One TrainingRun as the builders see it: the run, its spec and the pool it plays."""
+    """One TrainingRun as the builders see it: the run, its spec and the pool it plays (with
+    envPools: every pool, in spec order, and pool_url and env are the first one's)."""
 
     run: Run
     spec: TrainingRunSpec
     pool_url: str
     env: str
+    pools: tuple[ServedPool, ...] = ()
 
     @property
     def name(self) -> str:
@@ -147,6 +178,24 @@ def trainer_env(name: str, spec: TrainingRunSpec) -> list[dict[str, str]]:
     return [{"name": TENSORBOARD_ENV, "value": tensorboard_dir(name)}]
 
 
+def apportion(total: int, weights: list[int]) -> list[int]:
+    """TOTAL rows split in proportion to WEIGHTS (largest remainders), each share at least 1."""
+    whole = sum(weights)
+    exact = [total * weight / whole for weight in weights]
+    shares = [max(1, int(value)) for value in exact]
+    by_remainder = sorted(range(len(weights)), key=lambda i: int(exact[i]) - exact[i])
+    for index in by_remainder[: max(0, total - sum(shares))]:
+        shares[index] += 1
+    return shares
+
+
+def data_files(spec: TrainingRunSpec, split: str) -> list[str]:
+    """The parquet files of a split (train or val): one, or with envPools one per pool."""
+    if spec.env_pools is None:
+        return [data_file(split)]
+    return [data_file(split, pool.name) for pool in spec.env_pools]
+
+
 def hydra_string(value: str) -> str:
     """Quote a string for a Hydra command-line override so paths and URLs parse as one string."""
     escaped = value.replace("\\", "\\\\").replace("'", "\\'")
@@ -171,8 +220,8 @@ def run_overrides(name: str, spec: TrainingRunSpec) -> list[str]:
     max_tokens_per_gpu = max(MIN_TOKENS_PER_GPU, loop.max_prompt_tokens + loop.max_response_tokens)
     ours = [
         f"algorithm.adv_estimator={spec.algorithm}",
-        f"data.train_files={hydra_list([TRAIN_FILE])}",
-        f"data.val_files={hydra_list([VAL_FILE])}",
+        f"data.train_files={hydra_list(data_files(spec, 'train'))}",
+        f"data.val_files={hydra_list(data_files(spec, 'val'))}",
         # The agent loop builds its own prompt from the raw messages of each row.
         "data.return_raw_chat=true",
         f"data.max_prompt_length={loop.max_prompt_tokens}",
@@ -249,6 +298,8 @@ def agent_loop_config(target: RunTarget) -> list[dict[str, Any]]:
         "name": AGENT_LOOP_NAME,
         "_target_": AGENT_LOOP_TARGET,
         "env_url": target.pool_url,
+        # Each row names its pool (extra_info.pool), which this maps to its URL.
+        **({"env_urls": {p.name: p.url for p in target.pools}} if target.pools else {}),
         "max_turns": loop.max_turns,
         "max_observation_tokens": loop.max_observation_tokens,
         "reward": loop.reward,
@@ -266,6 +317,7 @@ def run_settings(target: RunTarget) -> dict[str, Any]:
         "trainingRun": target.name,
         "envPoolUrl": target.pool_url,
         "env": target.env,
+        **({"envPools": {p.name: p.url for p in target.pools}} if target.pools else {}),
         "spec": target.spec.to_api(),
         "command": verl_command(target),
     }
@@ -281,19 +333,24 @@ def config_files(target: RunTarget) -> dict[str, str]:
     return files
 
 
-def _template_args(target: RunTarget) -> list[str]:
+def _template_args(target: RunTarget, pool: ServedPool | None = None) -> list[str]:
     loop = target.spec.agent_loop
-    args = ["--template", loop.prompt_template] if loop.prompt_template else []
+    template = (pool.share.prompt_template if pool else None) or loop.prompt_template
+    args = ["--template", template] if template else []
     return args + (["--templates", TEMPLATES_PATH] if loop.templates else [])
 
 
-def dataset_command(target: RunTarget, *, split: str, size: int, out: str) -> list[str]:
+def _pool_args(target: RunTarget, pool: ServedPool | None) -> list[str]:
+    url, env = (pool.url, pool.env) if pool else (target.pool_url, target.env)
+    return ["--env-url", url, "--env", env]
+
+
+def dataset_command(
+    target: RunTarget, *, split: str, size: int, out: str, pool: ServedPool | None = None
+) -> list[str]:
     return [
         "gymkube-dataset",
-        "--env-url",
-        target.pool_url,
-        "--env",
-        target.env,
+        *_pool_args(target, pool),
         "--split",
         split,
         "--size",
@@ -302,20 +359,33 @@ def dataset_command(target: RunTarget, *, split: str, size: int, out: str) -> li
         str(target.spec.dataset.seed),
         "--out",
         out,
-        *_template_args(target),
+        *_template_args(target, pool),
+        *(["--pool", pool.name] if pool else []),
     ]
 
 
 def dataset_commands(target: RunTarget) -> dict[str, list[str]]:
-    """The train and validation parquet steps, by container name."""
+    """The train and validation parquet steps, by container name: with envPools, a pair per pool
+    (dataset-train-<pool>, dataset-val-<pool>), its rows dataset.size and valSize by weight."""
     data = target.spec.dataset
-    return {
-        "dataset-train": dataset_command(target, split=data.split, size=data.size, out=TRAIN_FILE),
-        "dataset-val": [
-            *dataset_command(target, split=data.val_split, size=data.val_size, out=VAL_FILE),
+    pools: list[ServedPool | None] = list(target.pools) or [None]
+    weights = [pool.share.weight if pool else 1 for pool in pools]
+    sizes = apportion(data.size, weights)
+    val_sizes = apportion(data.val_size, weights)
+    train_files, val_files = data_files(target.spec, "train"), data_files(target.spec, "val")
+    steps: dict[str, list[str]] = {}
+    for index, pool in enumerate(pools):
+        suffix = f"-{pool.name}" if pool else ""
+        steps[f"dataset-train{suffix}"] = dataset_command(
+            target, split=data.split, size=sizes[index], out=train_files[index], pool=pool
+        )
+        steps[f"dataset-val{suffix}"] = [
+            *dataset_command(
+                target, split=data.val_split, size=val_sizes[index], out=val_files[index], pool=pool
+            ),
             "--validation",
-        ],
-    }
+        ]
+    return steps
 
 
 # gymkube-preflight prints its JSON summary on stdout. The script keeps it in the pod log and puts
@@ -328,14 +398,12 @@ PREFLIGHT_SCRIPT = (
 )
 
 
-def preflight_command(target: RunTarget) -> list[str]:
-    """gymkube-preflight on the training split, with the run's turn limit and template."""
+def preflight_command(target: RunTarget, pool: ServedPool | None = None) -> list[str]:
+    """gymkube-preflight on the training split, with the run's turn limit and template, on the
+    run's pool (with envPools, on POOL)."""
     spec = target.spec
     args = [
-        "--env-url",
-        target.pool_url,
-        "--env",
-        target.env,
+        *_pool_args(target, pool),
         "--episodes",
         str(spec.preflight.episodes),
         "--policy",
@@ -346,6 +414,6 @@ def preflight_command(target: RunTarget) -> list[str]:
         str(spec.dataset.seed),
         "--max-steps",
         str(spec.agent_loop.max_turns),
-        *_template_args(target),
+        *_template_args(target, pool),
     ]
     return ["sh", "-c", PREFLIGHT_SCRIPT, "gymkube-preflight", *args]

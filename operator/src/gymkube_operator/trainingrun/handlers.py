@@ -53,15 +53,19 @@ async def _job_pods(rt: Runtime, namespace: str, job: str) -> list[Object]:
     return pods
 
 
-async def _termination_message(rt: Runtime, namespace: str, job: str) -> str | None:
-    """The preflight container's termination message from the Job's newest finished pod."""
+async def _termination_messages(rt: Runtime, namespace: str, job: str) -> dict[str, str]:
+    """The preflight containers' termination messages, by name, from the Job's newest pod that
+    has any."""
     for pod in await _job_pods(rt, namespace, job):
-        status = readings.container_status(pod, render.PREFLIGHT) or {}
-        terminated = (status.get("state") or {}).get("terminated") or {}
-        if "message" in terminated:
-            message: str = terminated["message"]
-            return message
-    return None
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        messages = {
+            status["name"]: terminated["message"]
+            for status in statuses
+            if "message" in (terminated := (status.get("state") or {}).get("terminated") or {})
+        }
+        if messages:
+            return messages
+    return {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,13 +136,15 @@ async def _training(
     return _Training(training, served, pod, tuple(earlier), log, earlier_log)
 
 
-async def _preflight(rt: Runtime, name: str, namespace: str) -> tuple[Object | None, str | None]:
-    """The preflight Job, and its verdict once it finished."""
+async def _preflight(
+    rt: Runtime, name: str, namespace: str
+) -> tuple[Object | None, dict[str, str]]:
+    """The preflight Job, and its containers' verdicts once it finished."""
     job_name = render.preflight_job_name(name)
     job = await rt.client.get("batch/v1", "Job", namespace, job_name)
     if job is None or not readings.job_finished(job):
-        return job, None
-    return job, await _termination_message(rt, namespace, job_name)
+        return job, {}
+    return job, await _termination_messages(rt, namespace, job_name)
 
 
 async def observe(
@@ -146,7 +152,9 @@ async def observe(
 ) -> lifecycle.Observed:
     """Read the pool and the run's children (fixed names, one GET each), and for a training Job
     its pods and its trainer's log."""
-    pool = await rt.client.get(API_VERSION, "EnvPool", namespace, spec.env_pool_ref.name)
+    first, *others = [
+        await rt.client.get(API_VERSION, "EnvPool", namespace, pool.name) for pool in spec.pools()
+    ]
     found = await _training(rt, name, namespace, spec, status)
     training = found.child
     problem = None
@@ -159,13 +167,15 @@ async def observe(
     if training is None and custom is not None and custom.config_map:
         code = await rt.client.get("v1", "ConfigMap", namespace, custom.config_map)
         code_found = code is not None
-    preflight_job = message = None
+    preflight_job: Object | None = None
+    messages: dict[str, str] = {}
     if spec.preflight.enabled and training is None:
-        preflight_job, message = await _preflight(rt, name, namespace)
+        preflight_job, messages = await _preflight(rt, name, namespace)
     return lifecycle.Observed(
-        pool=pool,
+        pool=first,
+        more_pools=tuple(others),
         preflight_job=preflight_job,
-        preflight_message=message,
+        preflight_messages=messages,
         training=training,
         trainer_pod=found.trainer_pod,
         earlier_trainer_pods=found.earlier_pods,

@@ -6,12 +6,14 @@ now, so a restarted operator or a missed event changes nothing.
 
 import dataclasses
 import datetime
+from collections.abc import Mapping
 from typing import Any
 
 from gymkube_operator import runs
 from gymkube_operator.conditions import (
     Condition,
     ConditionStatus,
+    cut,
     find_condition,
     now_rfc3339,
     one_line,
@@ -22,7 +24,7 @@ from gymkube_operator.envpool.reasons import Degraded
 from gymkube_operator.objects import Object
 from gymkube_operator.runs import Event
 from gymkube_operator.trainingrun import device, history, render, restarts
-from gymkube_operator.trainingrun.command import Run, RunTarget
+from gymkube_operator.trainingrun.command import Run, RunTarget, ServedPool
 from gymkube_operator.trainingrun.models import (
     ChildRef,
     Phase,
@@ -38,8 +40,8 @@ from gymkube_operator.trainingrun.readings import (
     newer_progress,
     parse_progress,
     parse_summary,
-    pool_state,
     pool_wait_over,
+    pools_state,
     preflight_line,
     progress_lines,
     reason_word,
@@ -71,10 +73,12 @@ _PHASE_CONDITIONS = (
 class Observed:
     """What exists right now."""
 
+    # The run's first pool (its only one, but with envPools), then envPools' others in order.
     pool: Object | None
+    more_pools: tuple[Object | None, ...] = ()
     preflight_job: Object | None = None
-    # The preflight container's termination message (its JSON summary, or a log tail).
-    preflight_message: str | None = None
+    # The preflight containers' termination messages (a JSON summary, or a log tail), by name.
+    preflight_messages: Mapping[str, str] = dataclasses.field(default_factory=dict)
     training: Object | None = None
     # The pod the training Job runs its trainer in (restarts.trainer_pods), the Job's other pods
     # (newest first), and the tail of the trainer container's log once it started.
@@ -219,14 +223,38 @@ def _suspended(spec: TrainingRunSpec, what: str) -> _Outcome:
     )
 
 
+def _pool_preflights(
+    target: RunTarget, messages: Mapping[str, str]
+) -> tuple[dict[str, Any] | None, str | None, str]:
+    """(summary, other text, one line) of the preflight's containers: the one container's as
+    is; with envPools, {pool: summary} and the lines of the pools that did not pass (all, when
+    every one did), each named."""
+    if not target.pools:
+        summary, text = parse_summary(messages.get(render.preflight_container(None)))
+        return (
+            summary,
+            text,
+            preflight_line(summary) if summary is not None else one_line(text) or "",
+        )
+    summaries: dict[str, Any] = {}
+    lines: list[tuple[bool, str]] = []
+    for pool in target.pools:
+        summary, text = parse_summary(messages.get(render.preflight_container(pool.name)))
+        summaries[pool.name] = summary if summary is not None else text
+        said = preflight_line(summary) if summary is not None else one_line(text)
+        passed = summary is not None and summary.get("ok") is not False
+        lines.append((passed, f"EnvPool {pool.name}: {said or 'no summary'}"))
+    failing = [line for passed, line in lines if not passed]
+    return {"pools": summaries}, None, cut("; ".join(failing or [line for _, line in lines]))
+
+
 def _preflight_outcome(
-    job: Object, message: str | None
+    job: Object, target: RunTarget, messages: Mapping[str, str]
 ) -> tuple[bool | None, str, str, PreflightStatus]:
     """(passed, reason, message, status.preflight); passed is None while the Job runs."""
     name = job["metadata"]["name"]
-    summary, text = parse_summary(message)
     # The condition says it in one line; status.preflight keeps all of it.
-    shown = preflight_line(summary) if summary is not None else one_line(text)
+    summary, text, shown = _pool_preflights(target, messages)
     if true_condition(job, "Complete") is not None:
         result = PreflightStatus(job_name=name, passed=True, summary=summary, message=text)
         return True, Reason.PREFLIGHT_SUCCEEDED, shown or f"Job {name} completed", result
@@ -315,6 +343,20 @@ def _finish(plan: Plan, spec: TrainingRunSpec, now: datetime.datetime) -> Plan:
     return plan
 
 
+def _target(run: Run, spec: TrainingRunSpec, ready_pools: dict[str, Object | None]) -> RunTarget:
+    """The run and the pools it plays, every one of them Ready."""
+    served = []
+    for share in spec.pools():
+        pool = ready_pools[share.name]
+        assert pool is not None, "pools_state said every pool is Ready"
+        served.append(
+            ServedPool(share, pool["status"]["url"], (pool.get("spec") or {}).get("env", ""))
+        )
+    first = served[0]
+    mixed = tuple(served) if spec.env_pools is not None else ()
+    return RunTarget(run=run, spec=spec, pool_url=first.url, env=first.env, pools=mixed)
+
+
 def plan(
     run: Run,
     spec: TrainingRunSpec,
@@ -350,8 +392,10 @@ def plan(
             _Outcome(Phase.FAILED, Reason.INVALID_OVERRIDE, observed.override_problem.message)
         )
 
-    pool_name = spec.env_pool_ref.name
-    ready, reason, message = pool_state(observed.pool, pool_name)
+    found = dict(
+        zip([p.name for p in spec.pools()], (observed.pool, *observed.more_pools), strict=True)
+    )
+    ready, reason, message = pools_state(found)
     writer.condition(ENV_POOL_READY, TRUE if ready else FALSE, reason, message)
 
     if observed.training is not None:
@@ -378,14 +422,11 @@ def plan(
             _Outcome(Phase.SUSPENDED, Reason.SUSPENDED, "the run is suspended (spec.suspend)")
         )
 
-    assert observed.pool is not None
-    target = RunTarget(
-        run=run,
-        spec=spec,
-        pool_url=observed.pool["status"]["url"],
-        env=observed.pool.get("spec", {}).get("env", ""),
+    target = _target(run, spec, found)
+    writer.update(
+        env_pool_url=target.pool_url,
+        env_pool_urls={p.name: p.url for p in target.pools} or None,
     )
-    writer.update(env_pool_url=target.pool_url)
 
     passed_before = find_condition(previous.conditions, PREFLIGHT_PASSED)
     if not spec.preflight.enabled:
@@ -404,12 +445,13 @@ def plan(
                 Phase.PREFLIGHT,
                 Reason.PREFLIGHT_STARTED,
                 f"playing {spec.preflight.episodes} {spec.preflight.policy} episodes "
-                f"through {target.pool_url} (Job {name})",
+                f"through {', '.join(p.url for p in target.pools) or target.pool_url} "
+                f"(Job {name}{', on each pool' if target.pools else ''})",
             )
             # The ConfigMap first: a preflight with the run's own templates reads them from it.
             return done(outcome, [render.config_map(target), job])
         passed, why, detail, result = _preflight_outcome(
-            observed.preflight_job, observed.preflight_message
+            observed.preflight_job, target, observed.preflight_messages
         )
         writer.update(preflight=result)
         if passed is None:

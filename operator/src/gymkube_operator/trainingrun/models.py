@@ -54,6 +54,32 @@ class EnvPoolRef(CamelModel):
     )
 
 
+# How many pools one run may mix.
+MAX_POOLS = 8
+
+
+class PoolShare(CamelModel):
+    """One of the EnvPools (same namespace) a run mixes, and its share of the dataset."""
+
+    # dataset-train-<name> names a container (63 characters at most).
+    name: str = Field(
+        min_length=1, max_length=40, pattern=NAME_PATTERN, description="EnvPool name."
+    )
+    weight: int = Field(
+        1,
+        ge=1,
+        le=1000,
+        description="Its share of dataset.size and dataset.valSize, in proportion to the "
+        "others' (every pool gets at least one row).",
+    )
+    prompt_template: str | None = Field(
+        None,
+        min_length=1,
+        description="Prompt template of its rows; agentLoop.promptTemplate, else the env's own, "
+        "when unset.",
+    )
+
+
 class ModelSpec(CamelModel):
     """The policy model verl loads: a path inside a mounted volume, or a hub id with no volume."""
 
@@ -167,10 +193,27 @@ class TrainingRunSpec(CamelModel):
                 "self.device != 'cpu' || self.nodes == 1",
                 "device cpu trains on one node: set nodes to 1 (or use device gpu)",
             ),
+            (
+                "has(self.envPoolRef) != has(self.envPools)",
+                "set envPoolRef (one pool) or envPools (several), not both",
+            ),
+            (
+                "!has(self.envPools) || "
+                "self.envPools.all(p, self.envPools.exists_one(q, q.name == p.name))",
+                "envPools names each pool once",
+            ),
         )
     )
 
-    env_pool_ref: EnvPoolRef = Field(description="The EnvPool the agent loop plays.")
+    env_pool_ref: EnvPoolRef | None = Field(None, description="The EnvPool the agent loop plays.")
+    env_pools: list[PoolShare] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_POOLS,
+        description="Several EnvPools in one run, in place of envPoolRef: the dataset mixes "
+        "their tasks by weight, each row is played on its own pool, and status.progress.pools "
+        "reports each.",
+    )
     env_pool_timeout_seconds: int = Field(
         1800,
         ge=60,
@@ -252,6 +295,13 @@ class TrainingRunSpec(CamelModel):
         None, ge=0, description="Delete the TrainingRun (and its children) this long after it ends."
     )
 
+    def pools(self) -> list[PoolShare]:
+        """The pools the run plays, first to last: envPools, or envPoolRef as one of weight 1."""
+        if self.env_pools:
+            return list(self.env_pools)
+        assert self.env_pool_ref is not None, "the CRD requires envPoolRef or envPools"
+        return [PoolShare(name=self.env_pool_ref.name)]
+
 
 class Phase(StrEnum):
     PENDING = "Pending"
@@ -280,6 +330,19 @@ class PreflightStatus(CamelModel):
     passed: bool | None = Field(None, description="Unset while it runs.")
     summary: FreeForm | None = Field(None, description="gymkube-preflight's JSON summary.")
     message: str | None = Field(None, description="Output when the summary was not JSON.")
+
+
+class PoolProgress(CamelModel):
+    """One pool's share of a step's training episodes (runs over envPools)."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    episodes: int = Field(ge=0, description="Its episodes the step trained on or left out.")
+    episodes_excluded: int = Field(ge=0, description="Of those, left out (their env failed).")
+    episodes_replayed: int = Field(ge=0, description="Of those, replayed after a lost session.")
+    env_errors: int = Field(ge=0, description="Env calls of its episodes that failed.")
+    mean_reward: float | None = Field(None, description="Mean reward of its trained episodes.")
+    mean_turns: float | None = Field(None, description="The model's replies per episode.")
 
 
 class TrainingProgress(CamelModel):
@@ -317,6 +380,9 @@ class TrainingProgress(CamelModel):
     )
     replay_canary_failures: int | None = Field(
         None, ge=0, description="Replays whose replayed observation differed from the one seen."
+    )
+    pools: dict[str, PoolProgress] | None = Field(
+        None, description="With envPools: that step's episodes by the pool that played them."
     )
 
 
@@ -394,7 +460,12 @@ class TrainingRunStatus(CamelModel):
     """What the operator observed, computed from the pool and the children."""
 
     phase: Phase = Field(Phase.PENDING, description="One word for `kubectl get`.")
-    env_pool_url: str | None = Field(None, description="The pool URL the run uses.")
+    env_pool_url: str | None = Field(
+        None, description="The pool URL the run uses (with envPools, the first pool's)."
+    )
+    env_pool_urls: dict[str, str] | None = Field(
+        None, description="With envPools: each pool's URL, by name."
+    )
     training: ChildRef | None = Field(None, description="The training Job or RayJob.")
     preflight: PreflightStatus | None = Field(None, description="Preflight result.")
     progress: TrainingProgress | None = Field(

@@ -82,6 +82,18 @@ def pool_state(pool: Object | None, pool_name: str) -> tuple[bool, str, str]:
     return True, Reason.ENV_POOL_READY, f"EnvPool {pool_name} is Ready at {status['url']}"
 
 
+def pools_state(pools: dict[str, Object | None]) -> tuple[bool, str, str]:
+    """(ready, reason, message) of every pool a run plays (by name): Ready when all are; else
+    the first one's reason that is not, and the words of each that is not."""
+    states = [pool_state(pool, name) for name, pool in pools.items()]
+    if len(states) == 1:
+        return states[0]
+    waiting = [state for state in states if not state[0]]
+    if waiting:
+        return False, waiting[0][1], "; ".join(message for _, _, message in waiting)
+    return True, Reason.ENV_POOL_READY, f"EnvPools {', '.join(pools)} are Ready"
+
+
 def pool_wait_over(
     conditions: list[Condition], timeout_seconds: int, now: datetime.datetime
 ) -> float | None:

@@ -3,7 +3,12 @@ RayJob. Plain dicts, applied as they are by server-side apply."""
 
 from typing import Any
 
-from gymkube_operator.labels import COMPONENT_LABEL, POOL_CLIENT_LABEL, RUN_LABEL
+from gymkube_operator.labels import (
+    COMPONENT_LABEL,
+    POOL_CLIENT_LABEL,
+    RUN_LABEL,
+    pool_client_label,
+)
 from gymkube_operator.objects import (
     RESTRICTED_CONTAINER,
     RESTRICTED_POD,
@@ -12,7 +17,7 @@ from gymkube_operator.objects import (
     merge,
 )
 from gymkube_operator.trainingrun import command, device
-from gymkube_operator.trainingrun.command import RunTarget
+from gymkube_operator.trainingrun.command import RunTarget, ServedPool
 from gymkube_operator.trainingrun.models import KIND
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -41,7 +46,8 @@ def labels(target: RunTarget, component: str) -> dict[str, str]:
         "app.kubernetes.io/managed-by": "gymkube-operator",
         COMPONENT_LABEL: component,
         RUN_LABEL: target.name,
-        POOL_CLIENT_LABEL: target.spec.env_pool_ref.name,
+        POOL_CLIENT_LABEL: target.spec.pools()[0].name,
+        **{pool_client_label(pool.name): "true" for pool in target.pools},
     }
 
 
@@ -78,8 +84,14 @@ def config_map(target: RunTarget) -> Object:
     }
 
 
+def preflight_container(pool: str | None) -> str:
+    """The preflight container playing POOL (with envPools; None: the run's one pool)."""
+    return f"{PREFLIGHT}-{pool}" if pool else PREFLIGHT
+
+
 def preflight_job(target: RunTarget) -> Object:
-    """A CPU-only Job playing scripted episodes through the pool URL; never queued or retried."""
+    """A CPU-only Job playing scripted episodes through the pool URL (with envPools, a container
+    per pool, side by side); never queued or retried."""
     preflight = target.spec.preflight
     job_labels = labels(target, PREFLIGHT)
     volumes: list[Object] = [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]
@@ -88,18 +100,22 @@ def preflight_job(target: RunTarget) -> Object:
         # The run's own prompt templates (--templates) come from its ConfigMap.
         volumes.append(CONFIG_VOLUME | {"configMap": {"name": config_map_name(target.name)}})
         mounts.append(CONFIG_MOUNT)
-    container = {
-        "name": PREFLIGHT,
-        "image": target.preflight_image,
-        "imagePullPolicy": target.image_pull_policy,
-        "command": command.preflight_command(target),
-        "env": [{"name": command.ENV_URL_VAR, "value": target.pool_url}],
-        "resources": PREFLIGHT_RESOURCES,
-        "securityContext": RESTRICTED_CONTAINER,
-        # Should the summary never be written (a crash), the log tail explains instead.
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "volumeMounts": mounts,
-    }
+    pools: list[ServedPool | None] = list(target.pools) or [None]
+    containers = [
+        {
+            "name": preflight_container(pool.name if pool else None),
+            "image": target.preflight_image,
+            "imagePullPolicy": target.image_pull_policy,
+            "command": command.preflight_command(target, pool),
+            "env": [{"name": command.ENV_URL_VAR, "value": pool.url if pool else target.pool_url}],
+            "resources": PREFLIGHT_RESOURCES,
+            "securityContext": RESTRICTED_CONTAINER,
+            # Should the summary never be written (a crash), the log tail explains instead.
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+            "volumeMounts": mounts,
+        }
+        for pool in pools
+    ]
     return {
         "apiVersion": JOB_API,
         "kind": "Job",
@@ -113,7 +129,7 @@ def preflight_job(target: RunTarget) -> Object:
                     "restartPolicy": "Never",
                     "automountServiceAccountToken": False,
                     "securityContext": RESTRICTED_POD,
-                    "containers": [container],
+                    "containers": containers,
                     "volumes": volumes,
                 },
             },
@@ -149,9 +165,16 @@ def _volumes(target: RunTarget) -> tuple[list[Object], list[Object]]:
 
 
 def _env(target: RunTarget) -> list[Object]:
+    """The pool URL(s) as gymkube's steps and users' loops read them: GYMKUBE_ENV_URL and
+    <ENV>_ENV_BASE (the first pool serving that env), and GYMKUBE_ENV_URL_<POOL> per pool."""
+    served = [(pool.name, pool.url, pool.env) for pool in target.pools]
+    bases: dict[str, str] = {}
+    for _, url, env in served or [("", target.pool_url, target.env)]:
+        bases.setdefault(command.env_base_var(env), url)
     return [
         {"name": command.ENV_URL_VAR, "value": target.pool_url},
-        {"name": command.env_base_var(target.env), "value": target.pool_url},
+        *({"name": name, "value": url} for name, url in bases.items()),
+        *({"name": command.pool_url_var(name), "value": url} for name, url, _ in served),
     ]
 
 
