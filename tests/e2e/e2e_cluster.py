@@ -7,6 +7,7 @@ same tests run on kind and on hack/local-cluster.sh.
 """
 
 import contextlib
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -306,6 +307,26 @@ def envpool_manifest(name: str, env: str, replicas: int, **spec: Any) -> Object:
 
 def envserver_selector(pool: str) -> str:
     return f"{POOL_LABEL}={pool},{COMPONENT_LABEL}=envserver"
+
+
+def _counter(metrics: str, name: str) -> float:
+    """A counter's value in Prometheus text (prometheus_client adds _total to counters)."""
+    match = re.search(rf"^{name}(?:_total)?(?:\{{\}})? (\S+)$", metrics, re.MULTILINE)
+    assert match is not None, f"no {name} in /metrics"
+    return float(match.group(1))
+
+
+def pool_counts(operator: Cluster, namespace: str, pool: str) -> tuple[float, float]:
+    """(episodes ended, sum of their last scores) by POOL's env servers' own /metrics."""
+    episodes = score = 0.0
+    for pod in operator.names(api_path("v1", "pods", namespace), envserver_selector(pool)):
+        proxy = api_path("v1", "pods", namespace, f"{pod}:{ENVSERVER_PORT}") + "/proxy/metrics"
+        body = operator.get_bytes(proxy)
+        assert body is not None, f"/metrics of {pod}"
+        text = body.decode()
+        episodes += _counter(text, "gymkube_envserver_episodes")
+        score += _counter(text, "gymkube_envserver_episode_score")
+    return episodes, score
 
 
 def preflight_job(name: str, image: str, pull_policy: str, url: str, env: str) -> Object:

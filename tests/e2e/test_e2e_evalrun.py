@@ -4,13 +4,11 @@ env servers count, and an eval of a TrainingRun checkpoint step that was never s
 gymkube-eval's readable reason."""
 
 import json
-import re
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from e2e_cluster import (
-    ENVSERVER_PORT,
     GROUP,
     VERSION,
     Cluster,
@@ -18,10 +16,10 @@ from e2e_cluster import (
     api_path,
     condition,
     envpool_manifest,
-    envserver_selector,
     finished,
     gymkube_path,
     node_directory,
+    pool_counts,
 )
 from gymkube_operator.evalrun import render
 from gymkube_operator.evalrun.reasons import Reason
@@ -69,32 +67,12 @@ def _eval(name: str, model: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _counter(metrics: str, name: str) -> float:
-    """A counter's value in Prometheus text (prometheus_client adds _total to counters)."""
-    match = re.search(rf"^{name}(?:_total)?(?:\{{\}})? (\S+)$", metrics, re.MULTILINE)
-    assert match is not None, f"no {name} in /metrics"
-    return float(match.group(1))
-
-
-def _pool_counts(operator: Cluster, namespace: str) -> tuple[float, float]:
-    """(episodes ended, sum of their last scores) by the pool's env servers' own /metrics."""
-    episodes = score = 0.0
-    for pod in operator.names(api_path("v1", "pods", namespace), envserver_selector("lake")):
-        proxy = api_path("v1", "pods", namespace, f"{pod}:{ENVSERVER_PORT}") + "/proxy/metrics"
-        body = operator.get_bytes(proxy)
-        assert body is not None, f"/metrics of {pod}"
-        text = body.decode()
-        episodes += _counter(text, "gymkube_envserver_episodes")
-        score += _counter(text, "gymkube_envserver_episode_score")
-    return episodes, score
-
-
 def test_the_base_model_is_scored_as_the_pool_counts_its_episodes(
     operator: Cluster, namespace: str
 ) -> None:
     operator.create(gymkube_path("envpools", namespace), _pool())
     operator.wait_pool_ready(namespace, "lake")
-    assert _pool_counts(operator, namespace)[0] == 0
+    assert pool_counts(operator, namespace, "lake")[0] == 0
     operator.create(gymkube_path("evalruns", namespace), _eval("base", {"path": MODEL}))
 
     done = finished(operator, "evalruns", namespace, "base", EVAL_TIMEOUT_S)
@@ -115,7 +93,7 @@ def test_the_base_model_is_scored_as_the_pool_counts_its_episodes(
 
     # The score is the pool's own: every episode the eval played ended on its env servers, and
     # FrozenLake's score scale is 0..1, so the normalised mean is the servers' mean score.
-    episodes, score_sum = _pool_counts(operator, namespace)
+    episodes, score_sum = pool_counts(operator, namespace, "lake")
     assert episodes == result["episodes"]
     assert score_sum / episodes == pytest.approx(result["meanScore"])
 

@@ -22,7 +22,7 @@ import yaml
 from controlplane import ControlPlane
 from gymkube_operator.crds.catalog import package_file
 from gymkube_operator.trainingrun import render
-from gymkube_operator.trainingrun.command import Run, RunTarget
+from gymkube_operator.trainingrun.command import Run, RunTarget, ServedPool
 from gymkube_operator.trainingrun.models import HISTORY_STEPS, TrainingRunSpec
 from gymkube_operator.trainingrun.resource import TRAININGRUN
 from operator_support import (
@@ -429,8 +429,9 @@ def test_every_example_applies_as_is(kube: ControlPlane, runs: Runs, example: Pa
         ("trainingrun-sciworld-grpo.yaml", False),
         ("trainingrun-sciworld-grpo.yaml", True),
         ("trainingrun-frozenlake-cpu.yaml", False),
+        ("mixed-pools/trainingrun.yaml", False),
     ],
-    ids=["example", "own-templates", "cpu"],
+    ids=["example", "own-templates", "cpu", "mixed-pools"],
 )
 def test_the_examples_children_are_valid_kubernetes_objects(
     kube: ControlPlane, runs: Runs, example: str, own_templates: bool
@@ -443,6 +444,11 @@ def test_the_examples_children_are_valid_kubernetes_objects(
     if own_templates:
         template = {"system": "s", "instructions": "i", "acknowledgement": "a"}
         doc["spec"]["agentLoop"]["templates"] = {"terse": template}
+    spec = TrainingRunSpec.model_validate(doc["spec"])
+    pools = tuple(
+        ServedPool(share, f"http://{share.name}.{runs.namespace}.svc:8000", "frozen_lake")
+        for share in spec.env_pools or []
+    )
     target = RunTarget(
         run=Run(
             name=doc["metadata"]["name"],
@@ -453,9 +459,10 @@ def test_the_examples_children_are_valid_kubernetes_objects(
             preflight_image="reg.example/preflight:1",
             image_pull_policy="IfNotPresent",
         ),
-        spec=TrainingRunSpec.model_validate(doc["spec"]),
+        spec=spec,
         pool_url=f"http://sciworld.{runs.namespace}.svc:8000",
         env="sciworld",
+        pools=pools,
     )
     children = [
         render.config_map(target),
