@@ -7,11 +7,19 @@ rendered). A loop written against 0.9.0 then fails at its first env turn with an
 AttributeError. This module puts the old names back, each calling the new one on the instance,
 so a subclass's override of the new name is what runs.
 
+verl 0.9.1's transfer-queue trainer (its default) also reads every trajectory's policy versions,
+``extra_fields["min_global_steps"]`` and ``["max_global_steps"]``, as integers; verl's own loops
+copy them from the LLM server's replies, and a loop written before 0.9.1 does not, so the trainer
+fails its first step (``TypeError: int() argument must be ... not 'NoneType'``). The worker's
+post-processing of each trajectory fills the missing ones with the step its prompt came from, the
+policy version a synchronous trainer generates with.
+
 verl loads it in every process that imports verl, through the ``verl.plugins`` entry point
 gymkube-agentloop declares (``VERL_USE_EXTERNAL_PLUGINS``, on by default). Importing verl's agent
 loop module is heavy, so the names are added when that module is first imported, not before.
 """
 
+import functools
 import importlib.abc
 import importlib.machinery
 import sys
@@ -21,6 +29,8 @@ from typing import Any
 
 AGENT_LOOP_MODULE = "verl.experimental.agent_loop.agent_loop"
 CONTINUOUS_TOKEN_MODULE = "verl.utils.tokenizer.continuous_token"
+TRANSFER_QUEUE_LOOP_MODULE = "verl.trainer.ppo.v1.agent_loop_tq"
+POLICY_VERSIONS = ("min_global_steps", "max_global_steps")
 
 # module -> class -> {0.9.0 name: 0.9.1 name}
 RENAMES: dict[str, dict[str, dict[str, str]]] = {
@@ -81,6 +91,32 @@ ADDED: dict[str, dict[str, dict[str, Callable[..., Any]]]] = {
 }
 
 
+def filling_policy_versions(postprocess: Callable[..., Any]) -> Callable[..., Any]:
+    """A worker's ``_agent_loop_postprocess`` that first gives each output the policy versions
+    it lacks: the global step of the prompt it played."""
+
+    @functools.wraps(postprocess)
+    async def wrapper(self: Any, output: Any, validate: bool, **kwargs: Any) -> Any:
+        step = kwargs.get("global_steps")
+        for item in output if isinstance(output, list) else [output]:
+            for key in POLICY_VERSIONS:
+                if item.extra_fields.get(key) is None:
+                    item.extra_fields[key] = step
+        return await postprocess(self, output, validate, **kwargs)
+
+    wrapper.__gymkube_compat__ = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+# module -> class -> method name -> what wraps the class's own method
+WRAPPED: dict[str, dict[str, dict[str, Callable[..., Any]]]] = {
+    AGENT_LOOP_MODULE: {"AgentLoopWorker": {"_agent_loop_postprocess": filling_policy_versions}},
+    TRANSFER_QUEUE_LOOP_MODULE: {
+        "AgentLoopWorkerTQ": {"_agent_loop_postprocess": filling_policy_versions}
+    },
+}
+
+
 def patch(module: ModuleType) -> None:
     """Give MODULE's classes their 0.9.0 names where verl no longer has them."""
     methods: dict[str, dict[str, Callable[..., Any]]] = {}
@@ -95,6 +131,17 @@ def patch(module: ModuleType) -> None:
         for name, method in by_name.items():
             if not hasattr(cls, name):
                 setattr(cls, name, method)
+    for cls_name, wrapped in WRAPPED.get(module.__name__, {}).items():
+        # A Ray actor class (@ray.remote) keeps the class it was made from here.
+        found = getattr(module, cls_name)
+        cls = getattr(found, "__ray_actor_class__", found)
+        for name, wrap in wrapped.items():
+            own = cls.__dict__.get(name)
+            if own is not None and not getattr(own, "__gymkube_compat__", False):
+                setattr(cls, name, wrap(own))
+
+
+PATCHED_MODULES = RENAMES.keys() | ADDED.keys() | WRAPPED.keys()
 
 
 class _Loader(importlib.abc.Loader):
@@ -119,7 +166,7 @@ class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in RENAMES and fullname not in ADDED:
+        if fullname not in PATCHED_MODULES:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
         if spec is not None and spec.loader is not None:
@@ -129,7 +176,7 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 def install() -> None:
     """Patch the modules already imported, and the others when they are."""
-    for name in RENAMES.keys() | ADDED.keys():
+    for name in PATCHED_MODULES:
         if name in sys.modules:
             patch(sys.modules[name])
     if not any(isinstance(finder, _Finder) for finder in sys.meta_path):

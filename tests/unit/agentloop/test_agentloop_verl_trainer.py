@@ -118,6 +118,7 @@ def start_run(
     tokenizer: PreTrainedTokenizerFast,
     agent_yaml: Callable[..., Path],
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[Callable[..., Awaitable[Run]]]:
     runs: list[Run] = []
 
@@ -127,9 +128,17 @@ def start_run(
         prompts: int,
         sync_refill_failed_groups: bool = True,
         trainer_mode: str = "sync",
+        own_loop: str | None = None,
     ) -> Run:
+        """OWN_LOOP: the agent-loop YAML of a user's loop, which reads the pool's URL from
+        FROZEN_LAKE_ENV_BASE (as the operator sets it), in place of gymkube's."""
         server = start_env_server("frozen_lake", *LAKE)
-        yaml = agent_yaml(server.url, "  env_client:\n    retry_deadline_s: 0.5\n")
+        if own_loop is None:
+            yaml = agent_yaml(server.url, "  env_client:\n    retry_deadline_s: 0.5\n")
+        else:
+            monkeypatch.setenv("FROZEN_LAKE_ENV_BASE", server.url)
+            yaml = tmp_path / "own-loop.yaml"
+            yaml.write_text(own_loop)
         train = tmp_path / "train.parquet"
         args = ["--env-url", server.url, "--env", "frozen_lake", "--split", "train"]
         await asyncio.to_thread(dataset.main, [*args, "--size", "8", "--out", str(train)])
@@ -151,6 +160,35 @@ def start_run(
     for run in runs:
         for server in run.revived:
             server.kill()
+
+
+OWN_LOOP_YAML = """\
+- name: gymkube_env
+  _target_: my_loops.FrozenLakeLoop
+  max_turns: 3
+"""
+EXAMPLE_LOOP = Path(__file__).parents[3] / "examples" / "custom-agent-loop"
+
+
+async def test_a_users_loop_written_for_verl_0_9_0_trains_through_verls_trainer(
+    start_run: Callable[..., Awaitable[Run]],
+    tokenizer: PreTrainedTokenizerFast,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """examples/custom-agent-loop's loop hands verl outputs without the policy versions verl
+    0.9.1's trainer reads (extra_fields min_global_steps, max_global_steps): on kind its run
+    failed its first step with a TypeError. gymkube's verl support fills them in."""
+    monkeypatch.syspath_prepend(str(EXAMPLE_LOOP))
+    run = await start_run(SessionLLM(tokenizer, [solve]), prompts=2, own_loop=OWN_LOOP_YAML)
+    await run.submit()
+    step = await run.step()
+
+    assert len(step.trained) == 2 * N
+    assert all(t.valid_tokens >= 1 for t in step.trained)
+    # Every trajectory (verl's padding rows too) carries the version of the step it played in.
+    assert {t.policy_versions for t in step.trajectories} == {(1, 1)}
+    # The loop's rewards, the env's own (every lake solved), reached the batch.
+    assert [t.reward for t in step.trained] == [1.0] * (2 * N)
 
 
 def exclusions(caplog: pytest.LogCaptureFixture) -> list[str]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import transfer_queue as tq  # type: ignore[import-untyped]
 import verl
@@ -165,6 +166,8 @@ def trainer_config(
         "data.train_batch_size": train_batch_size,
         "data.max_prompt_length": prompt_length,
         "data.max_response_length": response_length,
+        # As the operator renders every run: loops get the row's opening messages.
+        "data.return_raw_chat": True,
         "data.dataloader_num_workers": 0,
         "data.shuffle": False,
         "data.cache_dir": str(cache_dir),
@@ -248,6 +251,8 @@ class Trajectory:
     reward: float
     advantage: float
     extra_fields: dict[str, Any]
+    # The policy versions verl's step metrics read from the trajectory's tag, as integers.
+    policy_versions: tuple[int, int]
 
 
 @dataclass(frozen=True)
@@ -369,9 +374,17 @@ def read_trajectories(batch: Any) -> list[Trajectory]:
                 reward=float(scores[i].sum()),
                 advantage=float(advantages[i][first]),
                 extra_fields=dict(extras[i]),
+                policy_versions=_policy_versions(batch.tags[i]),
             )
         )
     return rows
+
+
+def _policy_versions(tag: dict[str, Any]) -> tuple[int, int]:
+    """What verl's `_compute_metrics` makes of a tag's versions (np.array(..., dtype=int)): a
+    None there is the TypeError that fails the step."""
+    low, high = np.array([tag["min_global_steps"], tag["max_global_steps"]], dtype=int).tolist()
+    return low, high
 
 
 def grpo_advantages(rewards: list[float], epsilon: float = 1e-6) -> list[float]:

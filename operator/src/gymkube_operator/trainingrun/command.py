@@ -390,11 +390,11 @@ def dataset_commands(target: RunTarget) -> dict[str, list[str]]:
 
 # gymkube-preflight prints its JSON summary on stdout. The script keeps it in the pod log and puts
 # a compact copy into /dev/termination-log, which the kubelet copies into the pod status (4 KiB at
-# most) for the operator to read; the exit code is kept, so a failed preflight fails its Job.
+# most) for the operator to read; the exit code is kept, so a failed preflight fails its Job. The
+# containers of a run over several pools share /tmp: each writes a file of its own.
 PREFLIGHT_SCRIPT = (
-    'gymkube-preflight "$@" > /tmp/summary.json; code=$?; cat /tmp/summary.json; '
-    "python3 -m json.tool --compact /tmp/summary.json /dev/termination-log 2>/dev/null; "
-    "exit $code"
+    'out=$(mktemp /tmp/summary.XXXXXX); gymkube-preflight "$@" > "$out"; code=$?; cat "$out"; '
+    'python3 -m json.tool --compact "$out" /dev/termination-log 2>/dev/null; exit $code'
 )
 
 
