@@ -132,13 +132,20 @@ def patch(module: ModuleType) -> None:
             if not hasattr(cls, name):
                 setattr(cls, name, method)
     for cls_name, wrapped in WRAPPED.get(module.__name__, {}).items():
-        # A Ray actor class (@ray.remote) keeps the class it was made from here.
-        found = getattr(module, cls_name)
-        cls = getattr(found, "__ray_actor_class__", found)
-        for name, wrap in wrapped.items():
-            own = cls.__dict__.get(name)
-            if own is not None and not getattr(own, "__gymkube_compat__", False):
-                setattr(cls, name, wrap(own))
+        for cls in _classes(getattr(module, cls_name)):
+            for name, wrap in wrapped.items():
+                own = cls.__dict__.get(name)
+                if own is not None and not getattr(own, "__gymkube_compat__", False):
+                    setattr(cls, name, wrap(own))
+
+
+def _classes(found: Any) -> list[type]:
+    """The classes behind a module attribute: itself, or for a Ray actor class (@ray.remote) the
+    class it was made from and the subclass Ray instantiates, which holds copies of its methods."""
+    metadata = getattr(found, "__ray_metadata__", None)
+    if metadata is None:
+        return [found]
+    return [found.__ray_actor_class__, metadata.modified_class]
 
 
 PATCHED_MODULES = RENAMES.keys() | ADDED.keys() | WRAPPED.keys()

@@ -184,7 +184,8 @@ def trainer_config(
 def tq_worker(config: DictConfig, llm: Any, tokenizer: PreTrainedTokenizerFast) -> Any:
     """verl's AgentLoopWorkerTQ with the attributes its __init__ would set on a CPU-only,
     text-only, vLLM-less worker (no reward-loop workers, no teacher, no tools)."""
-    worker_cls = _RemoteWorkerTQ.__ray_actor_class__
+    # The class a Ray worker instantiates: Ray's subclass, with its own copies of the methods.
+    worker_cls = _RemoteWorkerTQ.__ray_metadata__.modified_class
     worker = worker_cls.__new__(worker_cls)
     worker.config = config
     worker.llm_client = llm
