@@ -188,20 +188,16 @@ class PoolEpisodes:
 
 
 @dataclasses.dataclass
-class StepEpisodes:
-    """One training step's episodes, counted from the agent loop's episode log."""
+class StepEpisodes(PoolEpisodes):
+    """One training step's episodes, counted from the agent loop's episode log: all of them, as
+    one pool's are counted, and by pool."""
 
-    episodes: int = 0
-    replayed: int = 0
-    excluded: int = 0
     canary_failures: int = 0
     # By the pool that served them, for episodes whose rows name one (the operator's always do).
     pools: dict[str, PoolEpisodes] = dataclasses.field(default_factory=dict)
 
     def add(self, record: EpisodeRecord) -> None:
-        self.episodes += 1
-        self.replayed += record.replays > 0
-        self.excluded += record.excluded
+        super().add(record)
         self.canary_failures += record.canary_failures
         if record.pool is not None:
             self.pools.setdefault(record.pool, PoolEpisodes()).add(record)
