@@ -72,8 +72,18 @@ up() {
 	say "up: $REGISTRY (container $CONTAINER on the kind network)"
 }
 
+# A node that pulled from the registry in an earlier run (a kind cluster kept up between runs)
+# still holds those images under the same names: the kubelet (IfNotPresent) would start them, an
+# older build, and pull nothing. Forgotten before each push, so the suite pulls what it pushed.
+forget_pulled() {
+	docker exec "$NODE" sh -c "ctr -n k8s.io images ls -q | grep '^$REGISTRY/' |
+		xargs -r ctr -n k8s.io images rm >/dev/null" ||
+		{ say "error: removing the images $NODE pulled from $REGISTRY earlier failed"; exit 1; }
+}
+
 push() {
 	local start=$SECONDS tag name ref
+	forget_pulled
 	.venv/bin/python -m gymkube_dev.push "$REGISTRY" "${DOCKER_PUSHED[@]}" >&2
 	tag=$(.venv/bin/python -m gymkube_dev.images tag)
 	for name in "${NODE_PUSHED[@]}"; do

@@ -7,6 +7,7 @@ same tests run on kind and on hack/local-cluster.sh.
 """
 
 import contextlib
+import json
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -54,24 +55,25 @@ print(pid)
 """
 )
 # argv: the server's port. Polls its /status from inside the pod, so the SIGSTOP lands within
-# tens of milliseconds of the next session's create; a poll that times out is asked again.
+# tens of milliseconds of the next session's create; a poll that times out is asked again. Prints
+# the replays the server had played by then (its count goes with it when it is replaced).
 FREEZE_AT_NEXT_SESSION = (
     _FIND_ENVSERVER
     + """
 pid = envserver_pid()
-def served():
+def status():
     url = f"http://127.0.0.1:{sys.argv[1]}/status"
     while True:
         try:
             with urllib.request.urlopen(url, timeout=5) as answer:
-                return json.load(answer)["served"]
+                return json.load(answer)
         except OSError:  # a node starved by the trainer can leave one answer past 5 s
             time.sleep(0.2)
-before = served()
-while served() == before:
+before = status()["served"]
+while (last := status())["served"] == before:
     time.sleep(0.05)
 os.kill(pid, signal.SIGSTOP)
-print(pid)
+print(json.dumps({"pid": pid, "replays": last.get("replays", 0)}))
 """
 )
 __all__ = [  # what the tests import from here, defined elsewhere
@@ -249,10 +251,11 @@ class Cluster(Kube):
             if signal_name != "SIGKILL" or "exit code 137" not in str(exc):
                 raise
 
-    def freeze_envserver_at_next_session(self, namespace: str, pod: str, timeout: float) -> None:
+    def freeze_envserver_at_next_session(self, namespace: str, pod: str, timeout: float) -> int:
         """SIGSTOPs the env server in POD as soon as it creates its next session (waiting for it
-        up to TIMEOUT s): that session's episode has every turn still to play."""
-        self.kubectl(
+        up to TIMEOUT s): that session's episode has every turn still to play. Returns the replays
+        the server had played until then."""
+        output = self.kubectl(
             "exec",
             "-n",
             namespace,
@@ -264,6 +267,7 @@ class Cluster(Kube):
             str(ENVSERVER_PORT),
             timeout=timeout,
         )
+        return int(json.loads(output.splitlines()[-1])["replays"])
 
     def dump(self, namespace: str) -> str:
         """Operator logs, events and pod descriptions, for a failed test's report."""

@@ -138,15 +138,14 @@ def _run_status(operator: Cluster, namespace: str, name: str) -> dict[str, Any]:
     return status
 
 
-def _freeze_at_its_next_session(operator: Cluster, namespace: str) -> str:
+def _freeze_at_its_next_session(operator: Cluster, namespace: str) -> int:
     """SIGSTOP one env server as it creates its next session (the next step's episodes starting;
     the router spreads a step's episodes over both servers), so that episode has every turn still
     to play: it is cut off and must be replayed. From inside the pod, as a poll from here and an
     exec would take seconds, and an episode on a 2x2 lake may be over in two turns. Returns the
-    pod."""
+    replays the frozen server had played before (a starved node can make step 1 replay too)."""
     pod = sorted(operator.names(api_path("v1", "pods", namespace), envserver_selector("lake")))[0]
-    operator.freeze_envserver_at_next_session(namespace, pod, timeout=TRAINING_TIMEOUT_S)
-    return pod
+    return operator.freeze_envserver_at_next_session(namespace, pod, timeout=TRAINING_TIMEOUT_S)
 
 
 def _replays_counted(operator: Cluster, namespace: str) -> int:
@@ -216,7 +215,7 @@ def test_a_cpu_run_rides_out_a_frozen_server_a_deleted_trainer_and_an_operator_r
     # 1. As a later step's episodes start, the server holding some of them freezes (a hung JVM).
     logged = _logged_step(operator, namespace, FREEZE_AFTER_STEP)
     wait_until(logged, timeout=TRAINING_TIMEOUT_S, interval=0.5, what="step 1")
-    _freeze_at_its_next_session(operator, namespace)
+    replayed_on_frozen = _freeze_at_its_next_session(operator, namespace)
 
     # 2. Once step 3 is checkpointed (its line follows the save), the trainer pod is deleted (as a
     # drain or an eviction would), at once: a pod that goes on to step 4 may reach its memory
@@ -270,10 +269,11 @@ def test_a_cpu_run_rides_out_a_frozen_server_a_deleted_trainer_and_an_operator_r
     assert frozen_step <= DELETE_AFTER_CHECKPOINT, steps
     assert sum(line["episodesExcluded"] for line in steps.values()) == 0, steps
     assert sum(line["replayCanaryFailures"] for line in steps.values()) == 0, steps
-    # The env servers counted the replays too (the frozen one, replaced, was sent none). A server
-    # the watchdog replaced for another reason (a starved node) took its count with it.
+    # The env servers counted the replays too: the live ones, and the frozen one those it played
+    # before its freeze (its replacement starts from 0). A server the watchdog replaced for
+    # another reason (a starved node) took its count with it.
     replays = sum(line["episodesReplayed"] for line in steps.values())
-    counted = _replays_counted(operator, namespace)
+    counted = _replays_counted(operator, namespace) + replayed_on_frozen
     pool_restarts = _pool_restarts(operator, namespace)
     print(json.dumps({"e2e_replays": replays, "counted": counted, "restarts": pool_restarts}))
     if pool_restarts == 1:
