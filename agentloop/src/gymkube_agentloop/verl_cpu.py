@@ -22,6 +22,8 @@ import torch.nn.functional as F
 from verl.plugin.platform.platform_base import PlatformBase
 from verl.plugin.platform.platform_manager import PlatformRegistry
 
+from gymkube_agentloop.cpus import usable_cpus
+
 PLATFORM = "cpu"
 MODULE = __name__
 
@@ -313,8 +315,20 @@ def _patch_vllm() -> None:
     keep_plain_weights(UnquantizedEmbeddingMethod)
 
 
+def use_every_cpu() -> None:
+    """Let torch compute on every CPU the process may use.
+
+    Ray sets OMP_NUM_THREADS to an actor's ``num_cpus`` (1 for verl's workers) before any of their
+    code runs, so the FSDP actor's update ran on one thread and left a two-core node's second core
+    idle for most of each step. A CPU run's heavy phases (vLLM's generation, the actor's update)
+    take turns, so each may use every core.
+    """
+    torch.set_num_threads(usable_cpus())
+
+
 def install() -> None:
     """Apply every fix in this process (idempotent); verl's import of this module calls it."""
+    use_every_cpu()
     if not any(isinstance(finder, VllmCpuMetadata) for finder in sys.meta_path):
         sys.meta_path.append(VllmCpuMetadata())
     torch.distributed.init_process_group = _with_collapsed_backend(

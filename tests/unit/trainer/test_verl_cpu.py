@@ -33,7 +33,8 @@ def probes() -> dict[str, dict[str, Any]]:
     running = {
         mode: subprocess.Popen(
             [sys.executable, str(PROBE), *args],
-            env={**base, **env},
+            # Ray sets OMP_NUM_THREADS to an actor's num_cpus (1 for verl's workers).
+            env={**base, "OMP_NUM_THREADS": "1", **env},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -82,3 +83,13 @@ def test_vllm_keeps_weights_verl_can_sync(probes: dict[str, dict[str, Any]]) -> 
     plain = probes["plain"]["weights_after_loading"]["value"]
     assert plain["weight_loader"] is False
     assert plain["shape"] == [0]
+
+
+def test_torch_computes_on_every_usable_cpu_though_ray_asked_for_one(
+    probes: dict[str, dict[str, Any]],
+) -> None:
+    from gymkube_agentloop.cpus import usable_cpus
+
+    assert probes["fixed"]["torch_threads"]["value"] == usable_cpus()
+    # Without the fix, verl's FSDP actor trains on Ray's one thread.
+    assert probes["plain"]["torch_threads"]["value"] == 1

@@ -96,6 +96,7 @@ def main() -> None:
         "process_group": outcome(process_group),
         "vllm_version_check": outcome(vllm_version_check),
         "weights_after_loading": outcome(weights_after_loading),
+        "torch_threads": outcome(torch.get_num_threads),
     }
     print("PROBE " + json.dumps(results))
 
