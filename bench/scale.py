@@ -316,10 +316,12 @@ def steady_state(
     operator: psutil.Process, farm: str, audit_log: Path, pods: int, seconds: float
 ) -> dict[str, Any]:
     before = sample(operator, farm)
+    probed_before = farm_call(farm, "/farm/probes")
     psutil.cpu_percent()
     time.sleep(seconds)
     machine_cpu = psutil.cpu_percent()
     after = sample(operator, farm)
+    probed_after = farm_call(farm, "/farm/probes")
     window = after.at - before.at
     counts = audit_counts(audit_log, before.at, after.at)
     status_writes = sum(n for key, n in counts.items() if key.endswith("envpools/status"))
@@ -331,6 +333,9 @@ def steady_state(
         "machine_cpu_percent": machine_cpu,
         "probes_per_second": round((after.probes - before.probes) / window, 1),
         "probes_per_second_required": round(pods / WATCHDOG.probe_period_seconds, 1),
+        # The pods the watchdog looked at in the window at all; the rate above says how often.
+        "pods_probed": sum(1 for uid, n in probed_after.items() if n > probed_before.get(uid, 0)),
+        "pods": pods,
         "api_requests_per_second": round(sum(counts.values()) / window, 2),
         "api_requests_by_kind": dict(counts.most_common()),
         "status_writes_per_second": round(status_writes / window, 3),

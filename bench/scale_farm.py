@@ -9,6 +9,7 @@ replaces one answers again:
     POST /farm/freeze {"uid": ...}   its /status hangs (a hung JVM: the probe times out)
     POST /farm/kill   {"uid": ...}   its connections are dropped (a dead process)
     GET  /farm/stats                 {"probes": n, "frozen_probes": n, "uptime_seconds": s}
+    GET  /farm/probes                {uid: probes of that pod, ...}
 
     .venv/bin/python bench/scale_farm.py [--port 0]   # prints {"port": N} once listening
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import sys
 import time
@@ -31,12 +33,14 @@ class Farm:
         self.frozen: set[str] = set()
         self.dead: set[str] = set()
         self.probes = 0
+        self.pod_probes: collections.Counter[str] = collections.Counter()
         self.frozen_probes = 0
         self.started = time.monotonic()
 
     async def status(self, request: web.Request) -> web.StreamResponse:
         uid = request.match_info["uid"]
         self.probes += 1
+        self.pod_probes[uid] += 1
         if uid in self.dead:
             if request.transport is not None:
                 request.transport.close()
@@ -76,6 +80,9 @@ class Farm:
             }
         )
 
+    async def probes_by_pod(self, _: web.Request) -> web.StreamResponse:
+        return web.json_response(dict(self.pod_probes))
+
 
 def make_app(farm: Farm) -> web.Application:
     app = web.Application()
@@ -84,6 +91,7 @@ def make_app(farm: Farm) -> web.Application:
             web.post("/farm/freeze", farm.freeze),
             web.post("/farm/kill", farm.kill),
             web.get("/farm/stats", farm.stats),
+            web.get("/farm/probes", farm.probes_by_pod),
             web.get("/{namespace}/{name}/{uid}/status", farm.status),
             web.post("/{namespace}/{name}/{uid}/admin/drain", farm.drain),
         ]
