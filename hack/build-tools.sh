@@ -6,6 +6,7 @@
 #   hack/build-tools.sh etcd kubectl      # only these
 #   hack/build-tools.sh kubeadm           # only kind's node image needs it (hack/kind-node-image.sh)
 #   hack/build-tools.sh registry          # only the e2e suite's registry needs it (hack/registry.sh)
+#   hack/build-tools.sh kuberay kueue     # the GPU cluster's controllers (hack/controllers.sh)
 #
 # Idempotent: a tool whose binary already reports the pinned version is skipped, so a warm run takes
 # seconds. Each tool group is built from a wrapper Go module under $GYMKUBE_CACHE/src/, never in the
@@ -14,11 +15,13 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib/tools.sh"
 
 KUBE_TOOLS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl kubeadm)
-ALL_TOOLS=("${KUBE_TOOLS[@]}" etcd helm kustomize kwok registry)
-# kubeadm goes only into kind's node image (hack/kind-node-image.sh asks for it by name), the
-# registry only into the e2e suite's registry image (hack/registry.sh).
+# Built only when asked for by name: kubeadm goes into kind's node image (hack/kind-node-image.sh),
+# the registry into the e2e suite's registry image (hack/registry.sh), KubeRay's and Kueue's
+# controllers into their images (hack/controllers.sh).
+ON_REQUEST_TOOLS=(kubeadm registry kuberay kueue)
+ALL_TOOLS=("${KUBE_TOOLS[@]}" etcd helm kustomize kwok registry kuberay kueue)
 DEFAULT_TOOLS=()
-for tool in "${ALL_TOOLS[@]}"; do [[ $tool == kubeadm || $tool == registry ]] || DEFAULT_TOOLS+=("$tool"); done
+for tool in "${ALL_TOOLS[@]}"; do [[ " ${ON_REQUEST_TOOLS[*]} " == *" $tool "* ]] || DEFAULT_TOOLS+=("$tool"); done
 JOBS=${GYMKUBE_BUILD_JOBS:-2}
 SRC_DIR=$GYMKUBE_CACHE/src
 SCRATCH_DIR=$GYMKUBE_CACHE/scratch
@@ -40,6 +43,8 @@ expected_version() {
 	kustomize) echo "$KUSTOMIZE_VERSION" ;;
 	kwok) echo "$KWOK_VERSION" ;;
 	registry) echo "$DISTRIBUTION_VERSION" ;;
+	kuberay) echo "$KUBERAY_VERSION" ;;
+	kueue) echo "$KUEUE_VERSION" ;;
 	esac
 }
 
@@ -55,6 +60,9 @@ reported_version() {
 	kwok) "$bin" --version | awk '{print $3}' ;;
 	# "registry github.com/distribution/distribution/v3 v3.1.2".
 	registry) "$bin" --version | awk '{print $3}' ;;
+	# Neither prints a version: the wrapped module's, from the binary's build info.
+	kuberay) go version -m "$bin" | awk '$2 == "github.com/ray-project/kuberay/ray-operator" {print $3}' ;;
+	kueue) go version -m "$bin" | awk '$2 == "sigs.k8s.io/kueue" {print $3}' ;;
 	esac 2>/dev/null
 }
 
@@ -192,6 +200,26 @@ build_registry() {
 		registry github.com/distribution/distribution/v3/cmd/registry
 }
 
+# KubeRay's operator (its main package is the module root), named as in KubeRay's images.
+build_kuberay() {
+	local gomod dir=$SRC_DIR/kuberay-$KUBERAY_VERSION
+	gomod=$(module_gomod "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION")
+	[[ -n $gomod ]] || die "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION is not on the Go module proxy"
+	wrapper_header kuberay "$gomod" |
+		prepare_wrapper "$dir" "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION"
+	go_build "$dir" "-s -w" kuberay github.com/ray-project/kuberay/ray-operator
+}
+
+# Kueue's controller manager; its version is a build-time -X as in its own Makefile.
+build_kueue() {
+	local gomod dir=$SRC_DIR/kueue-$KUEUE_VERSION
+	gomod=$(module_gomod "sigs.k8s.io/kueue@$KUEUE_VERSION")
+	[[ -n $gomod ]] || die "sigs.k8s.io/kueue@$KUEUE_VERSION is not on the Go module proxy"
+	wrapper_header kueue "$gomod" | prepare_wrapper "$dir" "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
+	go_build "$dir" "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" kueue \
+		sigs.k8s.io/kueue/cmd/kueue
+}
+
 main() {
 	local requested=("$@") stale=() stale_kube=() tool
 	((${#requested[@]})) || requested=("${DEFAULT_TOOLS[@]}")
@@ -221,7 +249,7 @@ main() {
 		log "building ${stale_kube[*]} $KUBERNETES_VERSION (10-15 minutes on 2 cores with cold Go caches)"
 		build_kubernetes "${stale_kube[@]}"
 	fi
-	for tool in etcd helm kustomize kwok registry; do
+	for tool in etcd helm kustomize kwok registry kuberay kueue; do
 		[[ " ${stale[*]} " == *" $tool "* ]] || continue
 		local version_var=${tool^^}_VERSION
 		[[ $tool == registry ]] && version_var=DISTRIBUTION_VERSION

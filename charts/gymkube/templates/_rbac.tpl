@@ -69,6 +69,14 @@ tests/integration/test_packaging.py checks these rules against the operator's ne
 - apiGroups: ["ray.io"]
   resources: ["rayjobs"]
   verbs: ["get", "list", "watch", "create", "patch"]
+# A run queued in Kueue reads the Workload Kueue made for its Job or RayJob (why it waits, or was
+# preempted) and its position in the LocalQueue from Kueue's visibility API.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["list"]
+- apiGroups: ["visibility.kueue.x-k8s.io"]
+  resources: ["localqueues/pendingworkloads"]
+  verbs: ["get"]
 # kopf and the operator report transitions as Events on the EnvPool, TrainingRun or EvalRun; the
 # watchdog lists the Events of an env-server pod restarted and not up again (a startup-probe kill
 # shows only there).

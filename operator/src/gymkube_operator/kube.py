@@ -30,6 +30,7 @@ PLURALS: dict[tuple[str, str], str] = {
     (API_VERSION, "TrainingRun"): "trainingruns",
     (API_VERSION, "EvalRun"): "evalruns",
     ("ray.io/v1", "RayJob"): "rayjobs",
+    ("kueue.x-k8s.io/v1beta2", "Workload"): "workloads",
 }
 
 
@@ -127,6 +128,11 @@ class KubeClient:
         )
         items: list[Object] = result.get("items", [])
         return items
+
+    async def get_path(self, path: str) -> Object:
+        """Whatever the API server answers at a path of its own (an aggregated API's, say)."""
+        result: Object = await self._request("GET", path)
+        return result
 
     async def delete(
         self,

@@ -20,6 +20,7 @@ from gymkube_operator.objects import Object
 from gymkube_operator.runtime import Runtime, namespaced
 from gymkube_operator.settings import OperatorSettings
 from gymkube_operator.trainingrun import (
+    admission,
     command,
     history,
     lifecycle,
@@ -80,6 +81,38 @@ class _Training:
     earlier_pods: tuple[Object, ...] = ()
     trainer_log: str | None = None
     earlier_trainer_log: str | None = None
+    queued: admission.Admission | None = None
+
+
+async def _admission(
+    rt: Runtime, namespace: str, spec: TrainingRunSpec, child: Object
+) -> admission.Admission | None:
+    """Kueue's Workload for a child it holds suspended, and its place in the queue; None when the
+    run names no queue or its child runs. A cluster without Kueue (or its visibility API) gives
+    what it can: the run still says it waits."""
+    if spec.queue_name is None or not render.child_suspended(child):
+        return None
+    try:
+        found = await rt.client.list(
+            admission.KUEUE_API, "Workload", namespace, admission.workload_selector(child)
+        )
+    except KubeError as error:
+        if error.status not in (403, 404):
+            raise
+        return admission.Admission()
+    workload = found[0] if found else None
+    position = None
+    if workload is not None:
+        try:
+            pending = await rt.client.get_path(
+                admission.pending_workloads_path(namespace, spec.queue_name)
+            )
+        except KubeError as error:
+            if error.status not in (403, 404, 503):
+                raise
+        else:
+            position = admission.position_in(pending, workload)
+    return admission.Admission(workload, position)
 
 
 async def _log_tail(rt: Runtime, namespace: str, name: str, lines: int) -> str | None:
@@ -121,8 +154,11 @@ async def _training(
         return _Training(rayjob_served=served)
     child_name = render.training_name(name)
     training = await rt.client.get(api_version, kind, namespace, child_name)
-    if training is None or kind != "Job":
+    if training is None:
         return _Training(training, served)
+    queued = await _admission(rt, namespace, spec, training)
+    if kind != "Job":
+        return _Training(training, served, queued=queued)
     pod, earlier = restarts.trainer_pods(await _job_pods(rt, namespace, child_name))
     log = None if pod is None else await _trainer_log(rt, namespace, pod, status.history)
     # The pod whose steps were recorded last, when the Job has replaced it and it is still there:
@@ -133,7 +169,7 @@ async def _training(
     earlier_log = None
     if replaced is not None:
         earlier_log = await _trainer_log(rt, namespace, replaced, status.history)
-    return _Training(training, served, pod, tuple(earlier), log, earlier_log)
+    return _Training(training, served, pod, tuple(earlier), log, earlier_log, queued)
 
 
 async def _preflight(
@@ -182,6 +218,7 @@ async def observe(
         trainer_log=found.trainer_log,
         earlier_trainer_log=found.earlier_trainer_log,
         rayjob_served=found.rayjob_served,
+        queued=found.queued,
         override_problem=problem,
         custom_loop_code_found=code_found,
     )

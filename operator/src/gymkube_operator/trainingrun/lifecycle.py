@@ -23,7 +23,7 @@ from gymkube_operator.envpool.pods import pod_trouble
 from gymkube_operator.envpool.reasons import Degraded
 from gymkube_operator.objects import Object
 from gymkube_operator.runs import Event
-from gymkube_operator.trainingrun import device, history, render, restarts
+from gymkube_operator.trainingrun import admission, device, history, render, restarts
 from gymkube_operator.trainingrun.command import Run, RunTarget, ServedPool
 from gymkube_operator.trainingrun.models import (
     ChildRef,
@@ -90,6 +90,8 @@ class Observed:
     earlier_trainer_log: str | None = None
     # Whether the API server serves ray.io/v1 RayJob; None when nobody asked (nodes = 1).
     rayjob_served: bool | None = None
+    # What Kueue says of a child it holds suspended; None when the run names no queue or runs.
+    queued: admission.Admission | None = None
     # What verl's config says of spec.overrides; None when they compose (or nobody asked).
     override_problem: OverrideProblem | None = None
     # Whether customAgentLoop.configMap exists; None when nobody asked.
@@ -142,7 +144,9 @@ _CANNOT_START = frozenset(
 )
 
 
-def _job_outcome(job: Object, spec: TrainingRunSpec, pod: Object | None) -> _Outcome:
+def _job_outcome(
+    job: Object, spec: TrainingRunSpec, pod: Object | None, queued: admission.Admission | None
+) -> _Outcome:
     status = job.get("status", {}) or {}
     name = job["metadata"]["name"]
     start = status.get("startTime")
@@ -158,7 +162,7 @@ def _job_outcome(job: Object, spec: TrainingRunSpec, pod: Object | None) -> _Out
         reason, message = trainer_failure(job, failed, pod)
         return _Outcome(Phase.FAILED, reason, message, start, failed.get("lastTransitionTime"))
     if render.child_suspended(job) or true_condition(job, "Suspended") is not None:
-        return _suspended(spec, f"Job {name}")
+        return _suspended(spec, f"Job {name}", queued)
     # `active` counts pending pods too; a trainer is running once its pod is ready. A trainer that
     # exited 0 stays Running until the Job controller marks the Job Complete, not Starting again:
     # its pod says so first, then the Job's counts and conditions.
@@ -179,7 +183,9 @@ def _job_outcome(job: Object, spec: TrainingRunSpec, pod: Object | None) -> _Out
     return _Outcome(Phase.STARTING, Reason.TRAINING_STARTING, f"Job {name} is starting its pod")
 
 
-def _rayjob_outcome(rayjob: Object, spec: TrainingRunSpec) -> _Outcome:
+def _rayjob_outcome(
+    rayjob: Object, spec: TrainingRunSpec, queued: admission.Admission | None
+) -> _Outcome:
     status = rayjob.get("status", {}) or {}
     name = rayjob["metadata"]["name"]
     deployment = status.get("jobDeploymentStatus", "")
@@ -201,7 +207,7 @@ def _rayjob_outcome(rayjob: Object, spec: TrainingRunSpec) -> _Outcome:
             end,
         )
     if render.child_suspended(rayjob) or deployment in ("Suspended", "Suspending"):
-        return _suspended(spec, f"RayJob {name}")
+        return _suspended(spec, f"RayJob {name}", queued)
     if deployment == "Running":
         return _Outcome(Phase.RUNNING, Reason.TRAINING_RUNNING, f"RayJob {name} is running", start)
     return _Outcome(
@@ -211,16 +217,13 @@ def _rayjob_outcome(rayjob: Object, spec: TrainingRunSpec) -> _Outcome:
     )
 
 
-def _suspended(spec: TrainingRunSpec, what: str) -> _Outcome:
+def _suspended(spec: TrainingRunSpec, what: str, queued: admission.Admission | None) -> _Outcome:
     if spec.suspend:
         return _Outcome(Phase.SUSPENDED, Reason.SUSPENDED, f"{what} is suspended (spec.suspend)")
     if spec.queue_name is None:
         return _Outcome(Phase.STARTING, "Resuming", f"{what} is being resumed")
-    return _Outcome(
-        Phase.QUEUED,
-        Reason.WAITING_FOR_ADMISSION,
-        f"{what} waits for Kueue to admit it from queue {spec.queue_name}",
-    )
+    reason, message = admission.waiting(queued or admission.Admission(), spec.queue_name, what)
+    return _Outcome(Phase.QUEUED, reason, message)
 
 
 def _pool_preflights(
@@ -551,9 +554,9 @@ def _follow_child(
     child = observed.training
     assert child is not None
     if child["kind"] == "Job":
-        outcome = _job_outcome(child, spec, observed.trainer_pod)
+        outcome = _job_outcome(child, spec, observed.trainer_pod, observed.queued)
     else:
-        outcome = _rayjob_outcome(child, spec)
+        outcome = _rayjob_outcome(child, spec, observed.queued)
     writer.update(
         training=ChildRef(
             api_version=child["apiVersion"], kind=child["kind"], name=child["metadata"]["name"]

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# The GPU cluster's own controllers, for real: KubeRay's operator and Kueue, built from the Go module
+# proxy (hack/build-tools.sh kuberay kueue, versions in hack/versions.env), each in an image on
+# gymkube's base, installed into the kind cluster with the CRDs and manifests of the same module
+# versions (their config/ trees, rendered by kustomize), as a user's GPU cluster would have them.
+#
+#   hack/controllers.sh install     # built (cached), loaded into the node, applied, Available
+#   hack/controllers.sh uninstall   # both removed, their CRDs too
+#   hack/controllers.sh images      # only the two images
+#
+# What changes from upstream: the image (ours, IfNotPresent, since no registry serves it) and
+# KubeRay's namespace (kuberay-system, not default). Nothing else.
+set -euo pipefail
+HACK_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=lib/kind-common.sh
+source "$HACK_DIR/lib/kind-common.sh"
+cd "$HACK_DIR/.."
+
+KUBERAY_IMAGE=gymkube/e2e-kuberay:$KUBERAY_VERSION
+KUEUE_IMAGE=gymkube/e2e-kueue:$KUEUE_VERSION
+KUBERAY_NAMESPACE=kuberay-system
+KUEUE_NAMESPACE=kueue-system
+AVAILABLE_TIMEOUT=300s
+
+say() { printf 'controllers: %s\n' "$*" >&2; }
+
+kubectl() { "$(hack/tool-path.sh)/kubectl" --kubeconfig "$KIND_KUBECONFIG" "$@"; }
+
+# The directory of MODULE@VERSION's source in the Go module cache (downloaded when missing).
+module_dir() {
+	(cd "$GYMKUBE_CACHE/src" && go mod download -json "$1") | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p'
+}
+
+# Builds IMAGE around TOOL's binary unless Docker has it from the same recipe.
+build_image() {
+	local tool=$1 image=$2 recipe context version_var=${1^^}_VERSION
+	recipe=$(cat hack/controllers/Dockerfile <(echo "$tool ${!version_var}") | sha256sum | cut -c1-16)
+	if [[ $(docker image inspect --format '{{index .Config.Labels "gymkube.recipe"}}' "$image" 2>/dev/null) == "$recipe" ]]; then
+		return
+	fi
+	context=$(mktemp -d)
+	cp hack/controllers/Dockerfile "$context/"
+	cp "$(hack/tool-path.sh)/$tool" "$context/manager"
+	say "building $image"
+	docker build -q --label "gymkube.recipe=$recipe" -t "$image" "$context" >/dev/null
+	rm -rf "$context"
+}
+
+images() {
+	hack/build-tools.sh kuberay kueue
+	build_image kuberay "$KUBERAY_IMAGE"
+	build_image kueue "$KUEUE_IMAGE"
+}
+
+# kustomize overlays on the modules' config/ trees (named by relative paths: kustomize refuses
+# absolute ones), rendered into one stream of manifests.
+render() {
+	local kuberay kueue overlay kustomize
+	kuberay=$(module_dir "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION")
+	kueue=$(module_dir "sigs.k8s.io/kueue@$KUEUE_VERSION")
+	[[ -d $kuberay/config && -d $kueue/config ]] || { say "error: the controllers' modules have no config/"; exit 1; }
+	kustomize=$(hack/tool-path.sh)/kustomize
+	overlay=$(mktemp -d)
+	mkdir -p "$overlay/kuberay" "$overlay/kueue"
+	cat >"$overlay/kuberay/namespace.yaml" <<EOF
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: $KUBERAY_NAMESPACE
+EOF
+	cat >"$overlay/kuberay/kustomization.yaml" <<EOF
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+namespace: $KUBERAY_NAMESPACE
+resources:
+- namespace.yaml
+- $(realpath --relative-to "$overlay/kuberay" "$kuberay/config/default")
+images:
+- name: quay.io/kuberay/operator
+  newName: ${KUBERAY_IMAGE%:*}
+  newTag: ${KUBERAY_IMAGE##*:}
+EOF
+	cat >"$overlay/kueue/kustomization.yaml" <<EOF
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+- $(realpath --relative-to "$overlay/kueue" "$kueue/config/default")
+images:
+- name: us-central1-docker.pkg.dev/k8s-staging-images/kueue/kueue
+  newName: ${KUEUE_IMAGE%:*}
+  newTag: ${KUEUE_IMAGE##*:}
+patches:
+- target: {kind: Deployment, name: kueue-controller-manager}
+  patch: |-
+    - op: replace
+      path: /spec/template/spec/containers/0/imagePullPolicy
+      value: IfNotPresent
+EOF
+	"$kustomize" build "$overlay/kuberay"
+	echo "---"
+	"$kustomize" build "$overlay/kueue"
+	rm -rf "$overlay"
+}
+
+install() {
+	kind_cluster_exists || { say "error: no kind cluster $KIND_NAME (hack/kind-up.sh)"; exit 2; }
+	local start=$SECONDS
+	images
+	hack/kind-up.sh "$KUBERAY_IMAGE" "$KUEUE_IMAGE" >/dev/null
+	# Server-side: the RayJob and RayCluster CRDs outgrow the client-side apply annotation.
+	render | kubectl apply --server-side --force-conflicts -f - >/dev/null
+	kubectl -n "$KUBERAY_NAMESPACE" rollout status deployment/kuberay-operator --timeout "$AVAILABLE_TIMEOUT" >&2
+	kubectl -n "$KUEUE_NAMESPACE" rollout status deployment/kueue-controller-manager --timeout "$AVAILABLE_TIMEOUT" >&2
+	say "KubeRay $KUBERAY_VERSION ($KUBERAY_NAMESPACE) and Kueue $KUEUE_VERSION ($KUEUE_NAMESPACE) are Available after $((SECONDS - start)) s"
+}
+
+uninstall() {
+	kind_cluster_exists || return 0
+	render | kubectl delete --ignore-not-found --wait=false -f - >/dev/null
+	say "KubeRay and Kueue removed"
+}
+
+case ${1:-} in
+install) install ;;
+uninstall) uninstall ;;
+images) images ;;
+*)
+	echo "usage: $0 install|uninstall|images" >&2
+	exit 2
+	;;
+esac
