@@ -189,6 +189,15 @@ def test_queue_name_labels_the_child_and_creates_it_suspended() -> None:
     rayjob = render.training_child(target(queueName="gpu-queue", nodes=3))
     assert rayjob["metadata"]["labels"][render.QUEUE_LABEL] == "gpu-queue"
     assert rayjob["spec"]["suspend"] is True
+    assert render.PRIORITY_LABEL not in job["metadata"]["labels"]
+
+
+def test_a_workload_priority_class_labels_the_child_for_kueue() -> None:
+    for nodes in (1, 3):
+        child = render.training_child(
+            target(queueName="gpu-queue", workloadPriorityClass="urgent", nodes=nodes)
+        )
+        assert child["metadata"]["labels"][render.PRIORITY_LABEL] == "urgent"
 
 
 def test_suspended_run_creates_a_suspended_child() -> None:

@@ -202,6 +202,10 @@ class TrainingRunSpec(CamelModel):
                 "self.envPools.all(p, self.envPools.exists_one(q, q.name == p.name))",
                 "envPools names each pool once",
             ),
+            (
+                "!has(self.workloadPriorityClass) || has(self.queueName)",
+                "workloadPriorityClass is Kueue's: set queueName too",
+            ),
         )
     )
 
@@ -285,6 +289,15 @@ class TrainingRunSpec(CamelModel):
         min_length=1,
         max_length=63,
         description="Kueue LocalQueue: the child is labelled and created suspended for admission.",
+    )
+    workload_priority_class: str | None = Field(
+        None,
+        min_length=1,
+        max_length=63,
+        description=(
+            "Kueue WorkloadPriorityClass of the child: Kueue admits higher ones first and may "
+            "preempt lower ones for them (a preempted run waits and resumes from its checkpoint)."
+        ),
     )
     suspend: bool = Field(False, description="Suspend the training child (and hold new ones).")
     backoff_limit: int = Field(0, ge=0, le=100, description="Retries of the training child.")

@@ -21,6 +21,7 @@ from gymkube_operator.trainingrun.command import RunTarget, ServedPool
 from gymkube_operator.trainingrun.models import KIND
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 PREFLIGHT = "preflight"
 TRAINER = "trainer"
 
@@ -243,6 +244,8 @@ def _child_metadata(target: RunTarget) -> Object:
     meta = owner(target).metadata(training_name(target.name), labels(target, TRAINER))
     if target.spec.queue_name:
         meta["labels"][QUEUE_LABEL] = target.spec.queue_name
+    if target.spec.workload_priority_class:
+        meta["labels"][PRIORITY_LABEL] = target.spec.workload_priority_class
     return meta
 
 
