@@ -8,8 +8,9 @@
 #   hack/controllers.sh uninstall   # both removed, their CRDs too
 #   hack/controllers.sh images      # only the two images
 #
-# What changes from upstream: the image (ours, IfNotPresent, since no registry serves it) and
-# KubeRay's namespace (kuberay-system, not default). Nothing else.
+# What changes from upstream: the image (ours, IfNotPresent, since no registry serves it), KubeRay's
+# namespace (kuberay-system, not default) and the CPU both request (50m, not 100m and 500m: the
+# e2e node has 2 cores, and what they reserve no trainer can have; they use far less). Nothing else.
 set -euo pipefail
 HACK_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=lib/kind-common.sh
@@ -21,6 +22,7 @@ KUEUE_IMAGE=gymkube/e2e-kueue:$KUEUE_VERSION
 KUBERAY_NAMESPACE=kuberay-system
 KUEUE_NAMESPACE=kueue-system
 AVAILABLE_TIMEOUT=300s
+CONTROLLER_CPU_REQUEST=50m
 
 say() { printf 'controllers: %s\n' "$*" >&2; }
 
@@ -79,6 +81,12 @@ images:
 - name: quay.io/kuberay/operator
   newName: ${KUBERAY_IMAGE%:*}
   newTag: ${KUBERAY_IMAGE##*:}
+patches:
+- target: {kind: Deployment, name: kuberay-operator}
+  patch: |-
+    - op: replace
+      path: /spec/template/spec/containers/0/resources/requests/cpu
+      value: $CONTROLLER_CPU_REQUEST
 EOF
 	cat >"$overlay/kueue/kustomization.yaml" <<EOF
 apiVersion: kustomize.config.k8s.io/v1beta1
@@ -95,6 +103,9 @@ patches:
     - op: replace
       path: /spec/template/spec/containers/0/imagePullPolicy
       value: IfNotPresent
+    - op: replace
+      path: /spec/template/spec/containers/0/resources/requests/cpu
+      value: $CONTROLLER_CPU_REQUEST
 EOF
 	"$kustomize" build "$overlay/kuberay"
 	echo "---"

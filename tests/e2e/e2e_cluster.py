@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
 from gymkube_dev import CHART, diagnostics
 from gymkube_dev.images import app_version, image_ref
 from gymkube_dev.kube import Kube, KubeError, api_path, gymkube_path
@@ -115,6 +116,11 @@ class E2ESettings(BaseSettings):
         None,
         description="A registry holding the images (hack/registry.sh; host:port), which the "
         "registry test moves the operator and its default images to.",
+    )
+    controllers: bool = Field(
+        False,
+        description="KubeRay's and Kueue's controllers are installed (hack/controllers.sh): the "
+        "runs that queue in Kueue and train as a RayJob need them.",
     )
 
     def image(self, component: str) -> str:
@@ -435,3 +441,90 @@ def node_directory(
         yield {"hostPath": {"path": f"{NODE_DIR}/{namespace}", "type": "Directory"}}
     finally:
         run_on_node(operator, settings, namespace, "node-dir-gone", f"rm -rf {directory}")
+
+
+# --- Kueue (hack/controllers.sh installs it beside kind) -------------------------------------
+
+KUEUE_API = "kueue.x-k8s.io/v1beta2"
+LOCAL_QUEUE = "training"
+# WorkloadPriorityClasses shared by the suite's runs (cluster-scoped; made when first needed).
+PRIORITIES = {"gymkube-e2e-low": 100, "gymkube-e2e-high": 1000}
+# One CPU run's trainer asks for 500m and 4Gi: this quota holds one, never two.
+ONE_CPU_RUN_QUOTA = {"cpu": "1", "memory": "6Gi"}
+
+
+def needs_controllers(settings: E2ESettings) -> None:
+    if not settings.controllers:
+        pytest.skip(
+            "no KubeRay and Kueue in this cluster (hack/controllers.sh installs them in kind)"
+        )
+
+
+def _create_if_absent(operator: Cluster, path: str, body: Object) -> None:
+    if operator.get(f"{path}/{body['metadata']['name']}") is None:
+        operator.create(path, body)
+
+
+@contextlib.contextmanager
+def kueue_queue(operator: Cluster, namespace: str) -> Iterator[str]:
+    """A LocalQueue in NAMESPACE over a ClusterQueue of its own whose quota fits one CPU run,
+    preempting lower priorities for higher ones; yields the LocalQueue's name. The ClusterQueue
+    is deleted afterwards (the LocalQueue goes with the namespace)."""
+    flavor = "gymkube-e2e"
+    _create_if_absent(
+        operator, api_path(KUEUE_API, "resourceflavors"), {"metadata": {"name": flavor}}
+    )
+    for name, value in PRIORITIES.items():
+        _create_if_absent(
+            operator,
+            api_path(KUEUE_API, "workloadpriorityclasses"),
+            {"metadata": {"name": name}, "value": value},
+        )
+    cluster_queue = namespace
+    operator.create(
+        api_path(KUEUE_API, "clusterqueues"),
+        {
+            "metadata": {"name": cluster_queue},
+            "spec": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                "preemption": {"withinClusterQueue": "LowerPriority"},
+                "resourceGroups": [
+                    {
+                        "coveredResources": list(ONE_CPU_RUN_QUOTA),
+                        "flavors": [
+                            {
+                                "name": flavor,
+                                "resources": [
+                                    {"name": resource, "nominalQuota": quota}
+                                    for resource, quota in ONE_CPU_RUN_QUOTA.items()
+                                ],
+                            }
+                        ],
+                    }
+                ],
+            },
+        },
+    )
+    operator.create(
+        api_path(KUEUE_API, "localqueues", namespace),
+        {"metadata": {"name": LOCAL_QUEUE}, "spec": {"clusterQueue": cluster_queue}},
+    )
+    try:
+        yield LOCAL_QUEUE
+    finally:
+        operator.delete(api_path(KUEUE_API, "clusterqueues", name=cluster_queue))
+
+
+def suspended_while_queued(
+    operator: Cluster, namespace: str, run: str
+) -> Callable[[], Object | None]:
+    """The run's Suspended condition once the run is Queued (Kueue holds its child)."""
+
+    def queued() -> Object | None:
+        found = operator.get(gymkube_path("trainingruns", namespace, run)) or {}
+        status = found.get("status") or {}
+        if status.get("phase") != "Queued":
+            return None
+        return condition(found, "Suspended")
+
+    return queued

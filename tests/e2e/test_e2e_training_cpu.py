@@ -1,9 +1,10 @@
 """A CPU TrainingRun trains for real: verl's main_ppo with vLLM on CPU and SmolLM2-135M-Instruct
 (the CPU trainer image's own model), gymkube's agent loop playing a FrozenLake pool. One run rides
 out every fault gymkube promises to absorb: an env server frozen mid-step (its episodes replayed
-on the other server), the trainer pod deleted (retried, resumed from its checkpoint) and the
-operator restarted, and still trains exactly its steps. A wrong model path fails with the
-trainer's reason in the run's status."""
+on the other server), the trainer pod deleted (retried, resumed from its checkpoint), the
+operator restarted, and a preemption by a real Kueue for a run of higher priority (it waits,
+says why, and resumes from its checkpoint once readmitted), and still trains exactly its steps.
+The run that preempted it has a wrong model path and fails with the trainer's reason."""
 
 import json
 from collections.abc import Callable, Iterator
@@ -23,7 +24,10 @@ from e2e_cluster import (
     envserver_selector,
     finished,
     gymkube_path,
+    kueue_queue,
+    needs_controllers,
     node_directory,
+    suspended_while_queued,
     wait_until,
 )
 from gymkube_agentloop.train import PROGRESS_PREFIX
@@ -54,7 +58,14 @@ def _pool(replicas: int = 1) -> dict[str, Any]:
     )
 
 
-def _cpu_run(name: str, steps: int, checkpoints: dict[str, Any], model: str = MODEL) -> Any:
+def _cpu_run(
+    name: str,
+    steps: int,
+    checkpoints: dict[str, Any],
+    queue: str,
+    priority: str,
+    model: str = MODEL,
+) -> Any:
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "TrainingRun",
@@ -78,6 +89,8 @@ def _cpu_run(name: str, steps: int, checkpoints: dict[str, Any], model: str = MO
             # The pool then serves only the training episodes, so its counts are the run's.
             "preflight": {"enabled": False},
             "checkpoints": checkpoints,
+            "queueName": queue,
+            "workloadPriorityClass": priority,
             "overrides": [
                 f"data.train_batch_size={BATCH}",
                 f"actor_rollout_ref.rollout.n={ROLLOUTS}",
@@ -194,22 +207,46 @@ def _operator_env(operator: Cluster, settings: E2ESettings) -> dict[str, str]:
     return {item["name"]: str(item.get("value", "")) for item in container.get("env", [])}
 
 
-STEPS = 4
+STEPS = 5
 # An env server is frozen as the episodes of a step after this one start (step 2, or step 3 when
 # step 2's had all been placed by the time the freeze was armed).
 FREEZE_AFTER_STEP = 1
 DELETE_AFTER_CHECKPOINT = 3  # the trainer pod is deleted once this step's checkpoint is written
+# A run of higher priority comes to the run's Kueue queue once this step's checkpoint is written.
+PREEMPT_AFTER_CHECKPOINT = 4
+WRONG_MODEL = "/models/SmolLM2-1.7B-Instruct"
 # A step on a 2-core node varies by several seconds from one to the next on its own.
 STEP_NOISE_S = 20
 
 
-def test_a_cpu_run_rides_out_a_frozen_server_a_deleted_trainer_and_an_operator_restart(
+def test_a_cpu_run_rides_out_a_frozen_server_a_deleted_trainer_an_operator_restart_and_a_preemption(
     operator: Cluster, settings: E2ESettings, namespace: str, checkpoints: dict[str, Any]
+) -> None:
+    needs_controllers(settings)
+    with kueue_queue(operator, namespace) as queue:
+        _ride_out_every_fault(operator, settings, namespace, checkpoints, queue)
+
+
+def _new_trainer_pod(operator: Cluster, namespace: str, old: str) -> Callable[[], str | None]:
+    def new() -> str | None:
+        pod: str | None = _run_status(operator, namespace, "lake-grpo").get("trainerPod")
+        return pod if pod not in (None, old) else None
+
+    return new
+
+
+def _ride_out_every_fault(
+    operator: Cluster,
+    settings: E2ESettings,
+    namespace: str,
+    checkpoints: dict[str, Any],
+    queue: str,
 ) -> None:
     operator.create(gymkube_path("envpools", namespace), _pool(replicas=2))
     operator.wait_pool_ready(namespace, "lake", extra=lambda p: p["status"]["readyReplicas"] == 2)
     operator.create(
-        gymkube_path("trainingruns", namespace), _cpu_run("lake-grpo", STEPS, checkpoints)
+        gymkube_path("trainingruns", namespace),
+        _cpu_run("lake-grpo", STEPS, checkpoints, queue, "gymkube-e2e-low"),
     )
 
     # 1. As a later step's episodes start, the server holding some of them freezes (a hung JVM).
@@ -228,35 +265,74 @@ def test_a_cpu_run_rides_out_a_frozen_server_a_deleted_trainer_and_an_operator_r
     operator.delete(api_path("v1", "pods", namespace, first_pod))
 
     # 3. Once the Job has started its replacement, the operator itself restarts.
-    def second_pod() -> str | None:
-        pod: str | None = _run_status(operator, namespace, "lake-grpo").get("trainerPod")
-        return pod if pod not in (None, first_pod) else None
-
-    resumed_pod = wait_until(second_pod, timeout=300, what="a new trainer pod")
+    second_pod = wait_until(
+        _new_trainer_pod(operator, namespace, first_pod), timeout=300, what="a new trainer pod"
+    )
     _restart_operator(operator, settings)
+
+    # 4. Once step 4 is checkpointed, a run of higher priority comes to the queue, whose quota
+    # holds one run: Kueue preempts this one, which says so and waits.
+    preempted_after = _logged_step(operator, namespace, PREEMPT_AFTER_CHECKPOINT)
+    wait_until(preempted_after, timeout=TRAINING_TIMEOUT_S, interval=0.5, what="checkpoint 4")
+    second_steps = _progress_lines(operator, namespace, second_pod)
+    operator.create(
+        gymkube_path("trainingruns", namespace),
+        _cpu_run("lost", 1, {"emptyDir": {}}, queue, "gymkube-e2e-high", model=WRONG_MODEL),
+    )
+    waiting = wait_until(
+        suspended_while_queued(operator, namespace, "lake-grpo"),
+        timeout=300,
+        what="lake-grpo to be preempted",
+    )
+    print(json.dumps({"e2e_preempted": waiting}))
+    assert waiting["reason"] == "Preempted", waiting
+    assert (
+        "was preempted by Kueue (Preempted: Preempted to accommodate a workload"
+        in (waiting["message"])
+    ), waiting
+    assert f"it waits in Kueue LocalQueue {queue}" in waiting["message"], waiting
+
+    # 5. The run that preempted it fails at once with the trainer's reason (a wrong model path);
+    # Kueue then admits the preempted run again, which resumes from checkpoint 4.
+    lost = finished(operator, "trainingruns", namespace, "lost", TRAINING_TIMEOUT_S)
+    failed = condition(lost, "Failed") or {}
+    assert failed.get("status") == "True", lost["status"]
+    assert f"model path {WRONG_MODEL} does not exist" in failed["message"]
+    # The directory's real content is named, so the typo is plain to see.
+    assert "SmolLM2-135M-Instruct" in failed["message"]
+    third_pod = wait_until(
+        _new_trainer_pod(operator, namespace, second_pod), timeout=600, what="a readmitted pod"
+    )
 
     run = finished(operator, "trainingruns", namespace, "lake-grpo", TRAINING_TIMEOUT_S)
     assert (condition(run, "Succeeded") or {}).get("status") == "True", run["status"]
     status = run["status"]
     assert (status["progress"]["step"], status["progress"]["totalSteps"]) == (STEPS, STEPS)
 
-    # The deletion was a restart, not a failure, and the new pod went on from checkpoint 3.
+    # The deletion and the preemption were restarts, not failures; each next pod went on from
+    # the last checkpoint.
     restarts = status["restarts"]
-    assert restarts["count"] == 1, restarts
-    (restart,) = restarts["recent"]
-    assert (restart["pod"], restart["reason"]) == (first_pod, "Deleted"), restart
-    assert restart["resumedFromStep"] == DELETE_AFTER_CHECKPOINT, restart
+    assert restarts["count"] == 2, restarts
+    deleted, preempted = restarts["recent"]
+    assert (deleted["pod"], deleted["reason"]) == (first_pod, "Deleted"), restarts
+    assert deleted["resumedFromStep"] == DELETE_AFTER_CHECKPOINT, restarts
+    assert (preempted["pod"], preempted["reason"]) == (second_pod, "Suspended"), restarts
+    assert preempted["resumedFromStep"] == PREEMPT_AFTER_CHECKPOINT, restarts
 
-    # Exactly STEPS steps: the first pod's up to the checkpoint, the second's after it.
-    resumed_steps = _progress_lines(operator, namespace, resumed_pod)
+    # Exactly STEPS steps: the first pod's up to its checkpoint, each next one's after it.
+    third_steps = _progress_lines(operator, namespace, third_pod)
     assert [line["step"] for line in first_steps] == list(range(1, DELETE_AFTER_CHECKPOINT + 1))
-    assert [line["step"] for line in resumed_steps] == list(
-        range(DELETE_AFTER_CHECKPOINT + 1, STEPS + 1)
+    assert [line["step"] for line in second_steps] == list(
+        range(DELETE_AFTER_CHECKPOINT + 1, PREEMPT_AFTER_CHECKPOINT + 1)
     )
-    assert {line["resumedFromStep"] for line in resumed_steps} == {DELETE_AFTER_CHECKPOINT}
+    assert [line["step"] for line in third_steps] == list(
+        range(PREEMPT_AFTER_CHECKPOINT + 1, STEPS + 1)
+    )
+    assert {line["resumedFromStep"] for line in second_steps} == {DELETE_AFTER_CHECKPOINT}
+    assert {line["resumedFromStep"] for line in third_steps} == {PREEMPT_AFTER_CHECKPOINT}
 
     # Every episode trained: those on the frozen server were replayed on the other, none left out.
-    steps = {line["step"]: line for line in first_steps + resumed_steps}
+    steps = {line["step"]: line for line in first_steps + second_steps + third_steps}
     print(json.dumps({"e2e_fault_steps": list(steps.values())}))
     assert all(line["episodes"] == BATCH * ROLLOUTS for line in steps.values()), steps
     # The first step with replays after the freeze was armed is the frozen one. Any step may
@@ -282,7 +358,7 @@ def test_a_cpu_run_rides_out_a_frozen_server_a_deleted_trainer_and_an_operator_r
         assert 0 < counted <= replays, steps
     # The trainer ran the operator's default CPU trainer image: after the registry test's
     # upgrade (earlier in the suite), the one pulled from the registry.
-    pod = operator.get(api_path("v1", "pods", namespace, resumed_pod)) or {}
+    pod = operator.get(api_path("v1", "pods", namespace, third_pod)) or {}
     (image,) = {c["image"] for c in pod["spec"]["containers"] if c["name"] == "trainer"}
     print(json.dumps({"e2e_trainer_image": image}))
     assert image == _operator_env(operator, settings)["GYMKUBE_CPU_TRAINER_IMAGE"]
@@ -295,20 +371,3 @@ def test_a_cpu_run_rides_out_a_frozen_server_a_deleted_trainer_and_an_operator_r
     frozen_seconds = steps[frozen_step]["stepSeconds"]
     print(json.dumps({"e2e_frozen_step": frozen_step, "seconds": frozen_seconds, "normal": normal}))
     assert frozen_seconds <= normal + DETECTION_S + STEP_NOISE_S, steps
-
-
-def test_a_cpu_run_with_a_wrong_model_path_fails_with_the_reason(
-    operator: Cluster, settings: E2ESettings, namespace: str
-) -> None:
-    operator.create(gymkube_path("envpools", namespace), _pool())
-    operator.wait_pool_ready(namespace, "lake")
-    operator.create(
-        gymkube_path("trainingruns", namespace),
-        _cpu_run("lost", 1, {"emptyDir": {}}, model="/models/SmolLM2-1.7B-Instruct"),
-    )
-    run = finished(operator, "trainingruns", namespace, "lost", TRAINING_TIMEOUT_S)
-    failed = condition(run, "Failed") or {}
-    assert failed.get("status") == "True", run["status"]
-    assert "model path /models/SmolLM2-1.7B-Instruct does not exist" in failed["message"]
-    # The directory's real content is named, so the typo is plain to see.
-    assert "SmolLM2-135M-Instruct" in failed["message"]

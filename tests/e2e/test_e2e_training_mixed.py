@@ -1,7 +1,9 @@
-"""CPU TrainingRuns beyond one pool and gymkube's loop, as a user writes them: the mixed-pools
-example over a FrozenLake and a TextArena pool, whose per-pool figures are each pool's own
-episode counts, and the custom-agent-loop example, a user's loop from a ConfigMap whose rewards
-are the pool's own scores. Each trains a step or two of SmolLM2-135M on the CPU trainer image."""
+"""CPU TrainingRuns beyond one pool and gymkube's loop, as a user writes them, queued in a real
+Kueue: the mixed-pools example over a FrozenLake and a TextArena pool, whose per-pool figures are
+each pool's own episode counts, and the custom-agent-loop example, a user's loop from a ConfigMap
+whose rewards are the pool's own scores. Both go to one LocalQueue whose quota holds one run: the
+second waits, says why in Kueue's words, and trains once the first is done. Each trains a step or
+two of SmolLM2-135M on the CPU trainer image."""
 
 import json
 from pathlib import Path
@@ -11,11 +13,16 @@ import pytest
 import yaml
 from e2e_cluster import (
     Cluster,
+    E2ESettings,
     api_path,
     condition,
     finished,
     gymkube_path,
+    kueue_queue,
+    needs_controllers,
     pool_counts,
+    suspended_while_queued,
+    wait_until,
 )
 from gymkube_agentloop.train import PROGRESS_PREFIX
 
@@ -26,6 +33,9 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TRAINING_TIMEOUT_S = 1200.0
 # What a CI node can hold beside the pools: the examples ask for a larger one.
 SMALL_TRAINER = {"requests": {"cpu": "500m", "memory": "4Gi"}, "limits": {"memory": "16Gi"}}
+# Three pools at once on a 2-core node that also runs the control plane, KubeRay and Kueue: the
+# examples' CPU requests would leave the trainer none.
+SMALL_POOL = {"resources": {"cpu": "20m"}, "router": {"cpu": "10m"}}
 
 
 def _docs(path: Path) -> list[dict[str, Any]]:
@@ -35,6 +45,9 @@ def _docs(path: Path) -> list[dict[str, Any]]:
 def _create_pools(operator: Cluster, namespace: str, path: Path) -> list[str]:
     pools = _docs(path)
     for pool in pools:
+        spec = pool["spec"]
+        spec["resources"]["requests"]["cpu"] = SMALL_POOL["resources"]["cpu"]
+        spec["router"]["resources"]["requests"]["cpu"] = SMALL_POOL["router"]["cpu"]
         operator.create(gymkube_path("envpools", namespace), pool)
     names = [pool["metadata"]["name"] for pool in pools]
     for name in names:
@@ -60,17 +73,84 @@ def _succeeded(operator: Cluster, namespace: str, name: str) -> dict[str, Any]:
     return status
 
 
-def test_a_cpu_run_over_two_pools_reports_each_pools_own_episodes(
-    operator: Cluster, namespace: str
-) -> None:
-    pools = _create_pools(operator, namespace, EXAMPLES / "mixed-pools" / "envpools.yaml")
+def _mixed_run(queue: str) -> dict[str, Any]:
     (run,) = _docs(EXAMPLES / "mixed-pools" / "trainingrun.yaml")
     run["spec"]["resources"] = SMALL_TRAINER
+    run["spec"]["queueName"] = queue
     # Two steps of 2 prompts are then one pass over the rows (3 of the lake, 1 of the game).
     run["spec"]["dataset"]["size"] = 4
-    operator.create(gymkube_path("trainingruns", namespace), run)
-    status = _succeeded(operator, namespace, run["metadata"]["name"])
+    return run
 
+
+def _own_loop_run(queue: str) -> dict[str, Any]:
+    (run,) = _docs(EXAMPLES / "custom-agent-loop" / "trainingrun.yaml")
+    spec = run["spec"]
+    spec["resources"] = SMALL_TRAINER
+    spec["queueName"] = queue
+    # The pool then plays only the run's training episodes, so its counts are the run's.
+    spec["preflight"] = {"enabled": False}
+    spec["overrides"] = [
+        o for o in spec["overrides"] if not o.startswith("trainer.total_training_steps=")
+    ] + ["trainer.total_training_steps=1"]
+    return run
+
+
+def test_two_cpu_runs_share_a_kueue_queue_over_several_pools_and_a_users_own_loop(
+    operator: Cluster, settings: E2ESettings, namespace: str
+) -> None:
+    needs_controllers(settings)
+    example = EXAMPLES / "custom-agent-loop"
+    with kueue_queue(operator, namespace) as queue:
+        pools = _create_pools(operator, namespace, EXAMPLES / "mixed-pools" / "envpools.yaml")
+        (own_pool,) = _create_pools(operator, namespace, EXAMPLES / "envpool-frozenlake-easy.yaml")
+        # As its README says: the user's file, as a ConfigMap.
+        operator.kubectl(
+            "create",
+            "configmap",
+            "my-loops",
+            "-n",
+            namespace,
+            f"--from-file={example / 'my_loops.py'}",
+        )
+        mixed, own = _mixed_run(queue), _own_loop_run(queue)
+        mixed_name, own_name = mixed["metadata"]["name"], own["metadata"]["name"]
+
+        # 1. The mixed run is admitted and trains; the user's loop, created then, waits in the
+        # queue and says so in Kueue's words.
+        operator.create(gymkube_path("trainingruns", namespace), mixed)
+        wait_until(
+            lambda: _phase(operator, namespace, mixed_name) == "Running",
+            timeout=TRAINING_TIMEOUT_S,
+            what=f"{mixed_name} to be admitted and run",
+        )
+        operator.create(gymkube_path("trainingruns", namespace), own)
+        waiting = wait_until(
+            suspended_while_queued(operator, namespace, own_name),
+            timeout=300,
+            what=f"{own_name} to be Queued",
+        )
+        print(json.dumps({"e2e_queued": waiting}))
+        assert waiting["reason"] == "WaitingForAdmission", waiting
+        assert f"waits in Kueue LocalQueue {queue}" in waiting["message"], waiting
+        assert "insufficient unused quota" in waiting["message"], waiting
+
+        mixed_status = _succeeded(operator, namespace, mixed_name)
+        own_status = _succeeded(operator, namespace, own_name)
+    # Kueue admitted the second only once the first was done.
+    assert own_status["startTime"] >= mixed_status["completionTime"], (mixed_status, own_status)
+    _check_mixed(operator, namespace, pools, mixed_status)
+    _check_own_loop(operator, namespace, own_pool, own_status)
+
+
+def _phase(operator: Cluster, namespace: str, name: str) -> str | None:
+    run = operator.get(gymkube_path("trainingruns", namespace, name)) or {}
+    phase: str | None = (run.get("status") or {}).get("phase")
+    return phase
+
+
+def _check_mixed(
+    operator: Cluster, namespace: str, pools: list[str], status: dict[str, Any]
+) -> None:
     # The preflight played each pool, in its own container.
     preflights = status["preflight"]["summary"]["pools"]
     assert set(preflights) == set(pools)
@@ -92,31 +172,7 @@ def test_a_cpu_run_over_two_pools_reports_each_pools_own_episodes(
     assert status["envPoolUrls"].keys() == set(pools)
 
 
-def test_a_cpu_run_of_a_users_own_loop_from_a_config_map_rewards_the_pools_scores(
-    operator: Cluster, namespace: str
-) -> None:
-    example = EXAMPLES / "custom-agent-loop"
-    (pool,) = _create_pools(operator, namespace, EXAMPLES / "envpool-frozenlake-easy.yaml")
-    # As its README says: the user's file, as a ConfigMap.
-    operator.kubectl(
-        "create",
-        "configmap",
-        "my-loops",
-        "-n",
-        namespace,
-        f"--from-file={example / 'my_loops.py'}",
-    )
-    (run,) = _docs(example / "trainingrun.yaml")
-    spec = run["spec"]
-    spec["resources"] = SMALL_TRAINER
-    # The pool then plays only the run's training episodes, so its counts are the run's.
-    spec["preflight"] = {"enabled": False}
-    spec["overrides"] = [
-        o for o in spec["overrides"] if not o.startswith("trainer.total_training_steps=")
-    ] + ["trainer.total_training_steps=1"]
-    operator.create(gymkube_path("trainingruns", namespace), run)
-    status = _succeeded(operator, namespace, run["metadata"]["name"])
-
+def _check_own_loop(operator: Cluster, namespace: str, pool: str, status: dict[str, Any]) -> None:
     # The trainer pod ran the user's class from the mounted ConfigMap.
     pod = operator.get(api_path("v1", "pods", namespace, status["trainerPod"])) or {}
     (trainer,) = [c for c in pod["spec"]["containers"] if c["name"] == "trainer"]
