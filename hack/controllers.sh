@@ -4,9 +4,11 @@
 # gymkube's base, installed into the kind cluster with the CRDs and manifests of the same module
 # versions (their config/ trees, rendered by kustomize), as a user's GPU cluster would have them.
 #
-#   hack/controllers.sh install     # built (cached), loaded into the node, applied, Available
-#   hack/controllers.sh uninstall   # both removed, their CRDs too
-#   hack/controllers.sh images      # only the two images
+#   hack/controllers.sh install [kind|local]     # built (cached), loaded, applied, Available
+#   hack/controllers.sh uninstall [kind|local]   # both removed, their CRDs too
+#   hack/controllers.sh images                   # only the two images
+#
+# The cluster is kind's (hack/kind-up.sh, the default) or the local one (hack/local-cluster.sh).
 #
 # What changes from upstream: the image (ours, IfNotPresent, since no registry serves it), KubeRay's
 # namespace (kuberay-system, not default) and the CPU both request (50m, not 100m and 500m: the
@@ -26,7 +28,29 @@ CONTROLLER_CPU_REQUEST=50m
 
 say() { printf 'controllers: %s\n' "$*" >&2; }
 
-kubectl() { "$(hack/tool-path.sh)/kubectl" --kubeconfig "$KIND_KUBECONFIG" "$@"; }
+CLUSTER=${2:-kind}
+case $CLUSTER in
+kind) KUBECONFIG_PATH=$KIND_KUBECONFIG ;;
+local) KUBECONFIG_PATH=$(hack/local-cluster.sh kubeconfig) ;;
+*)
+	say "error: cluster '$CLUSTER' (kind or local)"
+	exit 2
+	;;
+esac
+
+kubectl() { "$(hack/tool-path.sh)/kubectl" --kubeconfig "$KUBECONFIG_PATH" "$@"; }
+
+cluster_up() {
+	if [[ $CLUSTER == kind ]]; then kind_cluster_exists; else hack/local-cluster.sh status >/dev/null 2>&1; fi
+}
+
+load_images() {
+	if [[ $CLUSTER == kind ]]; then
+		hack/kind-up.sh "$@" >/dev/null
+	else
+		hack/local-cluster.sh load-image "$@"
+	fi
+}
 
 # The directory of MODULE@VERSION's source in the Go module cache (downloaded when missing).
 module_dir() {
@@ -114,10 +138,10 @@ EOF
 }
 
 install() {
-	kind_cluster_exists || { say "error: no kind cluster $KIND_NAME (hack/kind-up.sh)"; exit 2; }
+	cluster_up || { say "error: the $CLUSTER cluster is not up (make kind-up, or hack/local-cluster.sh up)"; exit 2; }
 	local start=$SECONDS
 	images
-	hack/kind-up.sh "$KUBERAY_IMAGE" "$KUEUE_IMAGE" >/dev/null
+	load_images "$KUBERAY_IMAGE" "$KUEUE_IMAGE"
 	# Server-side: the RayJob and RayCluster CRDs outgrow the client-side apply annotation.
 	render | kubectl apply --server-side --force-conflicts -f - >/dev/null
 	kubectl -n "$KUBERAY_NAMESPACE" rollout status deployment/kuberay-operator --timeout "$AVAILABLE_TIMEOUT" >&2
@@ -126,7 +150,7 @@ install() {
 }
 
 uninstall() {
-	kind_cluster_exists || return 0
+	cluster_up || return 0
 	render | kubectl delete --ignore-not-found --wait=false -f - >/dev/null
 	say "KubeRay and Kueue removed"
 }

@@ -59,8 +59,8 @@ choose_cluster() {
 	esac
 }
 
-# cluster=kind|local, started_here=true|false, kubeconfig=PATH, registry=HOST:PORT and
-# controllers=true (kind: KubeRay and Kueue installed), one per line.
+# cluster=kind|local, started_here=true|false, kubeconfig=PATH, controllers=true (KubeRay and
+# Kueue installed) and registry=HOST:PORT (kind), one per line.
 E2E_STATE=out/e2e/cluster.env
 
 state() { sed -n "s/^$1=//p" "$E2E_STATE" 2>/dev/null; }
@@ -85,13 +85,13 @@ prepare() {
 		kubeconfig=$(hack/local-cluster.sh kubeconfig)
 	fi
 	printf 'kubeconfig=%s\n' "$kubeconfig" >>"$E2E_STATE"
+	# The GPU cluster's controllers, for the runs that queue in Kueue and train as a RayJob.
+	hack/controllers.sh install "$cluster"
+	printf 'controllers=true\n' >>"$E2E_STATE"
 	if [[ $cluster == kind ]]; then
 		# A registry beside it for the test that pulls the images (pushed by `run`).
 		hack/registry.sh up
 		printf 'registry=%s\n' "$(hack/registry.sh address)" >>"$E2E_STATE"
-		# The GPU cluster's controllers, for the runs that queue in Kueue and train as a RayJob.
-		hack/controllers.sh install
-		printf 'controllers=true\n' >>"$E2E_STATE"
 	fi
 }
 
@@ -103,7 +103,7 @@ run() {
 	# made Ray time out starting in a pytest run beside `make test`'s prepare.
 	[[ -z $(state registry) ]] || hack/registry.sh push
 	GYMKUBE_E2E_KUBECONFIG=$kubeconfig GYMKUBE_E2E_IMAGE_TAG=$tag GYMKUBE_E2E_REGISTRY=$(state registry) \
-		GYMKUBE_E2E_CONTROLLERS=$(state controllers) \
+		GYMKUBE_E2E_CONTROLLERS=$(state controllers | grep . || echo false) \
 		.venv/bin/python -m pytest -m e2e --durations=0 tests/e2e "$@"
 }
 

@@ -88,6 +88,22 @@ def test_the_log_drops_only_the_success_lines_of_the_handlers_that_wake_a_daemon
     assert kept("Daemon 'envpool_watchdog' succeeded.")
 
 
+def test_every_resource_the_operator_watches_names_its_api_group() -> None:
+    # A resource named by plural alone makes kopf read every API group the cluster serves at
+    # start, and a cluster with one aggregated API that does not answer (Kueue's visibility API
+    # in the e2e cluster, a metrics-server down) then kept the operator retrying for minutes.
+    registry = build_registry(Runtime(settings=OperatorSettings()))
+    handlers = [
+        *registry._indexing.get_all_handlers(),
+        *registry._watching.get_all_handlers(),
+        *registry._spawning.get_all_handlers(),
+        *registry._changing.get_all_handlers(),
+    ]
+    assert handlers
+    unscoped = [str(h) for h in handlers if h.selector is None or h.selector.group is None]
+    assert unscoped == []
+
+
 def _documented_defaults() -> dict[str, str]:
     """docs/envpool.md's "Operator settings" table: variable -> its default column."""
     doc = (Path(__file__).parents[3] / "docs" / "envpool.md").read_text()

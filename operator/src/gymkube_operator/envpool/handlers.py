@@ -292,14 +292,17 @@ def _register_indexes(registry: kopf.OperatorRegistry, keyed: Keyed) -> None:
 
     pool = {POOL_LABEL: kopf.PRESENT}
 
-    @kopf.index("statefulsets", id=STATEFULSETS_INDEX, labels=pool, registry=registry)
-    @kopf.index("deployments", id=ROUTERS_INDEX, labels=router, registry=registry)
+    # Each by group and version: a resource named by plural alone makes kopf read every API group
+    # the cluster serves, and one aggregated API that does not answer (a metrics-server down,
+    # Kueue's visibility API) then stalls the operator's start.
+    @kopf.index("apps", "v1", "statefulsets", id=STATEFULSETS_INDEX, labels=pool, registry=registry)
+    @kopf.index("apps", "v1", "deployments", id=ROUTERS_INDEX, labels=router, registry=registry)
     async def envpool_workloads(
         namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
     ) -> dict[PoolKey, Object]:
         return keyed(namespace, labels, _slim_workload(body))
 
-    @kopf.index("pods", id=PODS_INDEX, labels=envserver, registry=registry)
+    @kopf.index("v1", "pods", id=PODS_INDEX, labels=envserver, registry=registry)
     async def envpool_pods(
         namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
     ) -> dict[PoolKey, Object]:
