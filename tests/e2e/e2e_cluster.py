@@ -472,18 +472,27 @@ def kueue_queue(operator: Cluster, namespace: str) -> Iterator[str]:
     is deleted afterwards (the LocalQueue goes with the namespace)."""
     flavor = "gymkube-e2e"
     _create_if_absent(
-        operator, api_path(KUEUE_API, "resourceflavors"), {"metadata": {"name": flavor}}
+        operator,
+        api_path(KUEUE_API, "resourceflavors"),
+        {"apiVersion": KUEUE_API, "kind": "ResourceFlavor", "metadata": {"name": flavor}},
     )
     for name, value in PRIORITIES.items():
         _create_if_absent(
             operator,
             api_path(KUEUE_API, "workloadpriorityclasses"),
-            {"metadata": {"name": name}, "value": value},
+            {
+                "apiVersion": KUEUE_API,
+                "kind": "WorkloadPriorityClass",
+                "metadata": {"name": name},
+                "value": value,
+            },
         )
     cluster_queue = namespace
     operator.create(
         api_path(KUEUE_API, "clusterqueues"),
         {
+            "apiVersion": KUEUE_API,
+            "kind": "ClusterQueue",
             "metadata": {"name": cluster_queue},
             "spec": {
                 "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
@@ -507,7 +516,12 @@ def kueue_queue(operator: Cluster, namespace: str) -> Iterator[str]:
     )
     operator.create(
         api_path(KUEUE_API, "localqueues", namespace),
-        {"metadata": {"name": LOCAL_QUEUE}, "spec": {"clusterQueue": cluster_queue}},
+        {
+            "apiVersion": KUEUE_API,
+            "kind": "LocalQueue",
+            "metadata": {"name": LOCAL_QUEUE},
+            "spec": {"clusterQueue": cluster_queue},
+        },
     )
     try:
         yield LOCAL_QUEUE
