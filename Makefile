@@ -115,6 +115,10 @@ kind-up: ## Create the kind cluster `gymkube` (kindest/node where it can be pull
 kind-down: ## Delete the kind cluster `gymkube`.
 	hack/kind-down.sh
 
+.PHONY: controllers
+controllers: ## Install KubeRay and Kueue into the kind cluster (CLUSTER=local: the local one), built from the Go module proxy (docs/trainingrun.md).
+	hack/controllers.sh install $(or $(CLUSTER),kind)
+
 ##@ Tests
 
 .PHONY: test-unit
