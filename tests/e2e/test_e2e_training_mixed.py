@@ -48,6 +48,8 @@ def _create_pools(operator: Cluster, namespace: str, path: Path) -> list[str]:
         spec = pool["spec"]
         spec["resources"]["requests"]["cpu"] = SMALL_POOL["resources"]["cpu"]
         spec["router"]["resources"]["requests"]["cpu"] = SMALL_POOL["router"]["cpu"]
+        # The pools' counts must be the runs' own: no canary episodes while a run waits its turn.
+        spec["watchdog"] = {**spec.get("watchdog", {}), "canaryIntervalSeconds": 0}
         operator.create(gymkube_path("envpools", namespace), pool)
     names = [pool["metadata"]["name"] for pool in pools]
     for name in names:
