@@ -68,6 +68,9 @@ OPERATOR_NEEDS: frozenset[tuple[str, str, str]] = frozenset(
     | {(verb, group, kind) for verb in ("get", "list", "watch", "create", "patch")
        for group, kind in (("batch", "jobs"), ("ray.io", "rayjobs"))}
     | {(verb, "", "events") for verb in ("create", "list")}
+    # A queued run's Kueue Workload, and its place in the LocalQueue.
+    | {("list", "kueue.x-k8s.io", "workloads")}
+    | {("get", "visibility.kueue.x-k8s.io", "localqueues/pendingworkloads")}
 )  # fmt: skip
 # Things a compromised operator must not be able to do anywhere.
 NEVER_ALLOWED = [
