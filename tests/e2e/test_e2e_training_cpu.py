@@ -207,13 +207,15 @@ def _operator_env(operator: Cluster, settings: E2ESettings) -> dict[str, str]:
     return {item["name"]: str(item.get("value", "")) for item in container.get("env", [])}
 
 
-STEPS = 5
+STEPS = 6
 # An env server is frozen as the episodes of a step after this one start (step 2, or step 3 when
 # step 2's had all been placed by the time the freeze was armed).
 FREEZE_AFTER_STEP = 1
 DELETE_AFTER_CHECKPOINT = 3  # the trainer pod is deleted once this step's checkpoint is written
-# A run of higher priority comes to the run's Kueue queue once this step's checkpoint is written.
-PREEMPT_AFTER_CHECKPOINT = 4
+# A run of higher priority comes to the run's Kueue queue once the operator has seen the trainer
+# after the deletion report this step (so the deletion's restart says where it resumed); the
+# preemption then stops it in this step or the next, after their checkpoint.
+PREEMPT_AFTER_STEP = 4
 WRONG_MODEL = "/models/SmolLM2-1.7B-Instruct"
 # A step on a 2-core node varies by several seconds from one to the next on its own.
 STEP_NOISE_S = 20
@@ -270,20 +272,29 @@ def _ride_out_every_fault(
     )
     _restart_operator(operator, settings)
 
-    # 4. Once step 4 is checkpointed, a run of higher priority comes to the queue, whose quota
-    # holds one run: Kueue preempts this one, which says so and waits.
-    preempted_after = _logged_step(operator, namespace, PREEMPT_AFTER_CHECKPOINT)
-    wait_until(preempted_after, timeout=TRAINING_TIMEOUT_S, interval=0.5, what="checkpoint 4")
-    second_steps = _progress_lines(operator, namespace, second_pod)
+    # 4. Once the operator has seen step 4, a run of higher priority comes to the queue, whose
+    # quota holds one run: Kueue preempts this one, which says so and waits.
+    def step_seen() -> bool:
+        status = _run_status(operator, namespace, "lake-grpo")
+        seen = (status.get("progress") or {}).get("step", 0) >= PREEMPT_AFTER_STEP
+        recent = (status.get("restarts") or {}).get("recent") or [{}]
+        return seen and recent[-1].get("resumedFromStep") is not None
+
+    wait_until(step_seen, timeout=TRAINING_TIMEOUT_S, interval=0.5, what="step 4 in status")
     operator.create(
         gymkube_path("trainingruns", namespace),
         _cpu_run("lost", 1, {"emptyDir": {}}, queue, "gymkube-e2e-high", model=WRONG_MODEL),
     )
-    waiting = wait_until(
-        suspended_while_queued(operator, namespace, "lake-grpo"),
-        timeout=300,
-        what="lake-grpo to be preempted",
-    )
+    second_steps: list[Any] = []
+
+    def preempted() -> Any:
+        # The stopped trainer's lines, read while its log is there.
+        second_steps[:] = _progress_lines(operator, namespace, second_pod, check=False) or (
+            second_steps
+        )
+        return suspended_while_queued(operator, namespace, "lake-grpo")()
+
+    waiting = wait_until(preempted, timeout=300, interval=0.5, what="lake-grpo to be preempted")
     print(json.dumps({"e2e_preempted": waiting}))
     assert waiting["reason"] == "Preempted", waiting
     assert (
@@ -293,7 +304,7 @@ def _ride_out_every_fault(
     assert f"it waits in Kueue LocalQueue {queue}" in waiting["message"], waiting
 
     # 5. The run that preempted it fails at once with the trainer's reason (a wrong model path);
-    # Kueue then admits the preempted run again, which resumes from checkpoint 4.
+    # Kueue then admits the preempted run again, which resumes from its last checkpoint.
     lost = finished(operator, "trainingruns", namespace, "lost", TRAINING_TIMEOUT_S)
     failed = condition(lost, "Failed") or {}
     assert failed.get("status") == "True", lost["status"]
@@ -313,27 +324,28 @@ def _ride_out_every_fault(
     # the last checkpoint.
     restarts = status["restarts"]
     assert restarts["count"] == 2, restarts
-    deleted, preempted = restarts["recent"]
+    deleted, preempted_at = restarts["recent"]
     assert (deleted["pod"], deleted["reason"]) == (first_pod, "Deleted"), restarts
     assert deleted["resumedFromStep"] == DELETE_AFTER_CHECKPOINT, restarts
-    assert (preempted["pod"], preempted["reason"]) == (second_pod, "Suspended"), restarts
-    assert preempted["resumedFromStep"] == PREEMPT_AFTER_CHECKPOINT, restarts
+    assert (preempted_at["pod"], preempted_at["reason"]) == (second_pod, "Suspended"), restarts
+    resumed = preempted_at["resumedFromStep"]
+    assert PREEMPT_AFTER_STEP <= resumed < STEPS, restarts
 
-    # Exactly STEPS steps: the first pod's up to its checkpoint, each next one's after it.
+    # Exactly STEPS steps, each once: the first pod's up to its checkpoint, each next one's after.
     third_steps = _progress_lines(operator, namespace, third_pod)
     assert [line["step"] for line in first_steps] == list(range(1, DELETE_AFTER_CHECKPOINT + 1))
-    assert [line["step"] for line in second_steps] == list(
-        range(DELETE_AFTER_CHECKPOINT + 1, PREEMPT_AFTER_CHECKPOINT + 1)
-    )
-    assert [line["step"] for line in third_steps] == list(
-        range(PREEMPT_AFTER_CHECKPOINT + 1, STEPS + 1)
-    )
+    assert [line["step"] for line in second_steps][:1] == [DELETE_AFTER_CHECKPOINT + 1]
+    assert [line["step"] for line in third_steps] == list(range(resumed + 1, STEPS + 1))
     assert {line["resumedFromStep"] for line in second_steps} == {DELETE_AFTER_CHECKPOINT}
-    assert {line["resumedFromStep"] for line in third_steps} == {PREEMPT_AFTER_CHECKPOINT}
+    assert {line["resumedFromStep"] for line in third_steps} == {resumed}
+    history = status["history"]["steps"]
+    assert [step["step"] for step in history] == list(range(1, STEPS + 1)), history
+    lines = first_steps + second_steps + third_steps
 
     # Every episode trained: those on the frozen server were replayed on the other, none left out.
-    steps = {line["step"]: line for line in first_steps + second_steps + third_steps}
-    print(json.dumps({"e2e_fault_steps": list(steps.values())}))
+    # Each step as the operator recorded it (the stopped pod's last line may have gone with it).
+    steps = {step["step"]: step for step in history}
+    print(json.dumps({"e2e_fault_steps": lines}))
     assert all(line["episodes"] == BATCH * ROLLOUTS for line in steps.values()), steps
     # The first step with replays after the freeze was armed is the frozen one. Any step may
     # replay too where a starved node made a server miss the client's deadline (a cold CI run
@@ -344,7 +356,7 @@ def _ride_out_every_fault(
     frozen_step = min(after_freeze)
     assert frozen_step <= DELETE_AFTER_CHECKPOINT, steps
     assert sum(line["episodesExcluded"] for line in steps.values()) == 0, steps
-    assert sum(line["replayCanaryFailures"] for line in steps.values()) == 0, steps
+    assert sum(line["replayCanaryFailures"] for line in lines) == 0, lines
     # The env servers counted the replays too: the live ones, and the frozen one those it played
     # before its freeze (its replacement starts from 0). A server the watchdog replaced for
     # another reason (a starved node) took its count with it.
