@@ -454,9 +454,14 @@ ONE_CPU_RUN_QUOTA = {"cpu": "1", "memory": "6Gi"}
 
 
 def needs_controllers(settings: E2ESettings) -> None:
+    """The queued and preempted runs need a real Kueue: without it they are a usage error, never
+    a skip (hack/test-e2e.sh installs it on kind and on the local cluster alike)."""
     if not settings.controllers:
-        pytest.skip(
-            "no KubeRay and Kueue in this cluster (hack/controllers.sh installs them in kind)"
+        pytest.fail(
+            "this test needs KubeRay and Kueue in the cluster: install them with "
+            "`hack/controllers.sh install kind|local` (or as docs/trainingrun.md says on your own "
+            "cluster) and set GYMKUBE_E2E_CONTROLLERS=true",
+            pytrace=False,
         )
 
 
