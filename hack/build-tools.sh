@@ -142,13 +142,19 @@ build_kubernetes() {
 	go_build "$dir" "$ldflags" "" "${@/#/k8s.io/kubernetes/cmd/}"
 }
 
+# Builds PACKAGE of MODULE@VERSION as bin/OUT with LDFLAGS, through a wrapper module NAME-VERSION
+# (a module whose go.mod carries replace lines, as etcd's server does, refuses `go install`; a
+# wrapper module does not).
+build_wrapped() {
+	local name=$1 module=$2 version=$3 package=$4 out=$5 ldflags=$6 gomod dir=$SRC_DIR/$1-$3
+	gomod=$(module_gomod "$module@$version")
+	[[ -n $gomod ]] || die "$module@$version is not on the Go module proxy"
+	wrapper_header "$name" "$gomod" | prepare_wrapper "$dir" "$package@$version"
+	go_build "$dir" "$ldflags" "$out" "$package"
+}
+
 build_etcd() {
-	local gomod dir=$SRC_DIR/etcd-$ETCD_VERSION
-	gomod=$(module_gomod "go.etcd.io/etcd/server/v3@$ETCD_VERSION")
-	[[ -n $gomod ]] || die "go.etcd.io/etcd/server/v3@$ETCD_VERSION is not on the Go module proxy"
-	# server/go.mod carries replace lines, so `go install` refuses it; a wrapper module does not.
-	wrapper_header etcd "$gomod" | prepare_wrapper "$dir" "go.etcd.io/etcd/server/v3@$ETCD_VERSION"
-	go_build "$dir" "-s -w" etcd go.etcd.io/etcd/server/v3
+	build_wrapped etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" go.etcd.io/etcd/server/v3 etcd "-s -w"
 }
 
 build_helm() {
@@ -168,56 +174,35 @@ build_helm() {
 	go_build "$dir" "$ldflags" helm helm.sh/helm/v3/cmd/helm
 }
 
+# kustomize reads its version from the build info of the wrapped module; no -X needed.
 build_kustomize() {
-	local gomod dir=$SRC_DIR/kustomize-$KUSTOMIZE_VERSION
-	gomod=$(module_gomod "sigs.k8s.io/kustomize/kustomize/v5@$KUSTOMIZE_VERSION")
-	[[ -n $gomod ]] || die "sigs.k8s.io/kustomize/kustomize/v5@$KUSTOMIZE_VERSION is not on the Go module proxy"
-	wrapper_header kustomize "$gomod" |
-		prepare_wrapper "$dir" "sigs.k8s.io/kustomize/kustomize/v5@$KUSTOMIZE_VERSION"
-	# kustomize reads its version from the build info of the wrapped module; no -X needed.
-	go_build "$dir" "-s -w" kustomize \
-		sigs.k8s.io/kustomize/kustomize/v5
+	build_wrapped kustomize sigs.k8s.io/kustomize/kustomize/v5 "$KUSTOMIZE_VERSION" \
+		sigs.k8s.io/kustomize/kustomize/v5 kustomize "-s -w"
 }
 
 # kwok (fake nodes and pods for bench/scale.py and the scale test); its version is a build-time -X.
 build_kwok() {
-	local gomod dir=$SRC_DIR/kwok-$KWOK_VERSION
-	gomod=$(module_gomod "sigs.k8s.io/kwok@$KWOK_VERSION")
-	[[ -n $gomod ]] || die "sigs.k8s.io/kwok@$KWOK_VERSION is not on the Go module proxy"
-	wrapper_header kwok "$gomod" | prepare_wrapper "$dir" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
-	go_build "$dir" "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}" kwok \
-		sigs.k8s.io/kwok/cmd/kwok
+	build_wrapped kwok sigs.k8s.io/kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok kwok \
+		"-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}"
 }
 
 # The distribution registry; its version is a build-time -X as in its own Makefile.
 build_registry() {
-	local gomod dir=$SRC_DIR/distribution-$DISTRIBUTION_VERSION
-	gomod=$(module_gomod "github.com/distribution/distribution/v3@$DISTRIBUTION_VERSION")
-	[[ -n $gomod ]] || die "github.com/distribution/distribution/v3@$DISTRIBUTION_VERSION is not on the Go module proxy"
-	wrapper_header distribution "$gomod" |
-		prepare_wrapper "$dir" "github.com/distribution/distribution/v3/cmd/registry@$DISTRIBUTION_VERSION"
-	go_build "$dir" "-s -w -X github.com/distribution/distribution/v3/version.version=$DISTRIBUTION_VERSION" \
-		registry github.com/distribution/distribution/v3/cmd/registry
+	build_wrapped distribution github.com/distribution/distribution/v3 "$DISTRIBUTION_VERSION" \
+		github.com/distribution/distribution/v3/cmd/registry registry \
+		"-s -w -X github.com/distribution/distribution/v3/version.version=$DISTRIBUTION_VERSION"
 }
 
-# KubeRay's operator (its main package is the module root), named as in KubeRay's images.
+# KubeRay's operator (its main package is the module root); its version is in its build info.
 build_kuberay() {
-	local gomod dir=$SRC_DIR/kuberay-$KUBERAY_VERSION
-	gomod=$(module_gomod "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION")
-	[[ -n $gomod ]] || die "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION is not on the Go module proxy"
-	wrapper_header kuberay "$gomod" |
-		prepare_wrapper "$dir" "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION"
-	go_build "$dir" "-s -w" kuberay github.com/ray-project/kuberay/ray-operator
+	build_wrapped kuberay github.com/ray-project/kuberay/ray-operator "$KUBERAY_VERSION" \
+		github.com/ray-project/kuberay/ray-operator kuberay "-s -w"
 }
 
 # Kueue's controller manager; its version is a build-time -X as in its own Makefile.
 build_kueue() {
-	local gomod dir=$SRC_DIR/kueue-$KUEUE_VERSION
-	gomod=$(module_gomod "sigs.k8s.io/kueue@$KUEUE_VERSION")
-	[[ -n $gomod ]] || die "sigs.k8s.io/kueue@$KUEUE_VERSION is not on the Go module proxy"
-	wrapper_header kueue "$gomod" | prepare_wrapper "$dir" "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
-	go_build "$dir" "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" kueue \
-		sigs.k8s.io/kueue/cmd/kueue
+	build_wrapped kueue sigs.k8s.io/kueue "$KUEUE_VERSION" sigs.k8s.io/kueue/cmd/kueue kueue \
+		"-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION"
 }
 
 main() {
