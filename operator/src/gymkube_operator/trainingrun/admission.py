@@ -11,7 +11,7 @@ from urllib.parse import quote
 
 from gymkube_operator.conditions import one_line
 from gymkube_operator.objects import Object
-from gymkube_operator.trainingrun.readings import true_condition
+from gymkube_operator.trainingrun.readings import object_condition, true_condition
 from gymkube_operator.trainingrun.reasons import Reason
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
@@ -49,14 +49,6 @@ def position_in(pending: Object, workload: Object) -> int | None:
     return None
 
 
-def _condition(obj: Object, type_: str) -> Object | None:
-    for condition in (obj.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == type_:
-            found: Object = condition
-            return found
-    return None
-
-
 def _said(condition: Object) -> str:
     reason, message = condition.get("reason") or "", one_line(condition.get("message")) or ""
     return f"{reason}: {message}" if reason and message else reason or message
@@ -70,7 +62,7 @@ def waiting(admission: Admission, queue: str, what: str) -> tuple[str, str]:
     if workload is None:
         return Reason.WAITING_FOR_ADMISSION, f"{what} waits for Kueue to admit it from {where}"
     evicted = true_condition(workload, "Evicted")
-    reserved = _condition(workload, "QuotaReserved")
+    reserved = object_condition(workload, "QuotaReserved")
     if evicted is not None:
         if evicted.get("reason") == "Preempted":
             return (
@@ -83,7 +75,7 @@ def waiting(admission: Admission, queue: str, what: str) -> tuple[str, str]:
             f"{what} was evicted by Kueue ({_said(evicted)}); it waits in {where}",
         )
     if reserved is not None and reserved.get("status") == "True":
-        admitted = _condition(workload, "Admitted")
+        admitted = object_condition(workload, "Admitted")
         said = "" if admitted is None else f" ({_said(admitted)})"
         return (
             Reason.WAITING_FOR_ADMISSION,

@@ -45,8 +45,9 @@ def job_finished(job: Object) -> bool:
     return true_condition(job, "Complete") is not None or true_condition(job, "Failed") is not None
 
 
-def _pool_condition(pool: Object, type_: str) -> Object | None:
-    conditions = (pool.get("status") or {}).get("conditions") or []
+def object_condition(obj: Object, type_: str) -> Object | None:
+    """An object's status condition of this type, whatever its status."""
+    conditions = (obj.get("status") or {}).get("conditions") or []
     found: Object | None = next((c for c in conditions if c.get("type") == type_), None)
     return found
 
@@ -61,12 +62,12 @@ def pool_state(pool: Object | None, pool_name: str) -> tuple[bool, str, str]:
         )
     status = pool.get("status", {}) or {}
     if true_condition(pool, POOL_READY) is None:
-        degraded = _pool_condition(pool, POOL_DEGRADED) or {}
+        degraded = object_condition(pool, POOL_DEGRADED) or {}
         if degraded.get("status") == "True" and degraded.get("reason") in STUCK:
             # Waiting will not make this pool Ready: say why in the pool's own words.
             detail = f"{degraded['reason']}: {degraded.get('message', '')}"
             return False, Reason.ENV_POOL_DEGRADED, f"EnvPool {pool_name} is Degraded ({detail})"
-        condition = _pool_condition(pool, POOL_READY)
+        condition = object_condition(pool, POOL_READY)
         detail = (
             f"{condition.get('reason', '')}: {condition.get('message', '')}"
             if condition
