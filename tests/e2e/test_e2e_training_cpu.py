@@ -358,16 +358,18 @@ def _ride_out_every_fault(
     assert sum(line["episodesExcluded"] for line in steps.values()) == 0, steps
     assert sum(line["replayCanaryFailures"] for line in lines) == 0, lines
     # The env servers counted the replays too: the live ones, and the frozen one those it played
-    # before its freeze (its replacement starts from 0). A server the watchdog replaced for
-    # another reason (a starved node) took its count with it.
+    # before its freeze (its replacement starts from 0). They may count more than the trained
+    # steps show: a trainer pod deleted or preempted mid-step took that step's replays with it
+    # (the step was played again by the next pod; a CI run counted 3 against 2). A server the
+    # watchdog replaced for another reason (a starved node) took its count with it.
     replays = sum(line["episodesReplayed"] for line in steps.values())
     counted = _replays_counted(operator, namespace) + replayed_on_frozen
     pool_restarts = _pool_restarts(operator, namespace)
     print(json.dumps({"e2e_replays": replays, "counted": counted, "restarts": pool_restarts}))
     if pool_restarts == 1:
-        assert counted == replays, steps
+        assert counted >= replays, steps
     else:
-        assert 0 < counted <= replays, steps
+        assert counted > 0, steps
     # The trainer ran the operator's default CPU trainer image: after the registry test's
     # upgrade (earlier in the suite), the one pulled from the registry.
     pod = operator.get(api_path("v1", "pods", namespace, third_pod)) or {}

@@ -22,6 +22,7 @@ from gymkube_operator.settings import OperatorSettings
 from gymkube_operator.trainingrun import (
     admission,
     command,
+    demand,
     history,
     lifecycle,
     overrides,
@@ -194,10 +195,11 @@ async def observe(
     found = await _training(rt, name, namespace, spec, status)
     training = found.child
     problem = None
+    # Hydra composes for a few hundred milliseconds: off the event loop (and once per list).
+    rendered = command.run_overrides(name, spec)
     if training is None and spec.overrides:
-        # Hydra composes for a few hundred milliseconds: off the event loop (and once per list).
-        rendered = command.run_overrides(name, spec)
         problem = await asyncio.to_thread(overrides.check, rendered, len(spec.overrides))
+    config = await asyncio.to_thread(overrides.composed, rendered)
     code_found = None
     custom = spec.custom_agent_loop
     if training is None and custom is not None and custom.config_map:
@@ -221,6 +223,7 @@ async def observe(
         queued=found.queued,
         override_problem=problem,
         custom_loop_code_found=code_found,
+        demand=None if config is None else demand.of_config(config, spec),
     )
 
 

@@ -23,12 +23,13 @@ from gymkube_operator.envpool.pods import pod_trouble
 from gymkube_operator.envpool.reasons import Degraded
 from gymkube_operator.objects import Object
 from gymkube_operator.runs import Event
-from gymkube_operator.trainingrun import admission, device, history, render, restarts
+from gymkube_operator.trainingrun import admission, demand, device, history, render, restarts
 from gymkube_operator.trainingrun.command import Run, RunTarget, ServedPool
 from gymkube_operator.trainingrun.models import (
     ChildRef,
     Phase,
     PreflightStatus,
+    RunDemand,
     TrainerRestart,
     TrainerRestarts,
     TrainingHistory,
@@ -52,6 +53,7 @@ from gymkube_operator.trainingrun.readings import (
 from gymkube_operator.trainingrun.reasons import ConditionType, Reason
 
 ENV_POOL_READY = ConditionType.ENV_POOL_READY
+ENV_POOL_SIZED = ConditionType.ENV_POOL_SIZED
 PREFLIGHT_PASSED = ConditionType.PREFLIGHT_PASSED
 RUNNING = ConditionType.RUNNING
 SUCCEEDED = ConditionType.SUCCEEDED
@@ -96,6 +98,8 @@ class Observed:
     override_problem: OverrideProblem | None = None
     # Whether customAgentLoop.configMap exists; None when nobody asked.
     custom_loop_code_found: bool | None = None
+    # The sessions the run keeps open at once (demand.of_config); None without verl's config.
+    demand: RunDemand | None = None
 
 
 @dataclasses.dataclass
@@ -314,7 +318,7 @@ class _Writer:
     def events(self, outcome: _Outcome) -> list[Event]:
         """One Event per transition: the phase, and the pool or preflight flipping mid-run."""
         found: list[Event] = []
-        for type_ in (ENV_POOL_READY, PREFLIGHT_PASSED):
+        for type_ in (ENV_POOL_READY, ENV_POOL_SIZED, PREFLIGHT_PASSED):
             before = find_condition(self.previous.conditions, type_)
             after = find_condition(self.status.conditions, type_)
             if (
@@ -400,6 +404,16 @@ def plan(
     )
     ready, reason, message = pools_state(found)
     writer.condition(ENV_POOL_READY, TRUE if ready else FALSE, reason, message)
+    if observed.demand is not None:
+        # Advisory: a pool smaller than the run's demand slows its steps, it does not fail them.
+        writer.update(demand=observed.demand)
+        sized, line = demand.sizing(observed.demand, found)
+        writer.condition(
+            ENV_POOL_SIZED,
+            TRUE if sized else FALSE,
+            Reason.CAPACITY_MEETS_DEMAND if sized else Reason.CAPACITY_BELOW_DEMAND,
+            line,
+        )
 
     if observed.training is not None:
         return _follow_child(spec, observed, writer, now)

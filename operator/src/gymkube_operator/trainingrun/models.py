@@ -345,6 +345,19 @@ class PreflightStatus(CamelModel):
     message: str | None = Field(None, description="Output when the summary was not JSON.")
 
 
+class RunDemand(CamelModel):
+    """The env sessions a run keeps open at once, from its verl config (docs/trainingrun.md)."""
+
+    sessions: int = Field(ge=0, description="Sessions in flight at most: training or validation.")
+    training: int = Field(
+        ge=0, description="A generation batch: train_batch_size x rollout.n, x batches in flight."
+    )
+    validation: int = Field(ge=0, description="A validation batch x val_kwargs.n; 0 if none.")
+    pools: dict[str, int] = Field(
+        default_factory=dict, description="Each pool's share of sessions, by its rows."
+    )
+
+
 class PoolProgress(CamelModel):
     """One pool's share of a step's training episodes (runs over envPools)."""
 
@@ -480,6 +493,9 @@ class TrainingRunStatus(CamelModel):
         None, description="With envPools: each pool's URL, by name."
     )
     training: ChildRef | None = Field(None, description="The training Job or RayJob.")
+    demand: RunDemand | None = Field(
+        None, description="The env sessions the run keeps open at once."
+    )
     preflight: PreflightStatus | None = Field(None, description="Preflight result.")
     progress: TrainingProgress | None = Field(
         None, description="The trainer's last reported step (one-node runs)."
@@ -499,8 +515,8 @@ class TrainingRunStatus(CamelModel):
     conditions: list[Condition] = Field(
         default_factory=list,
         description=(
-            "EnvPoolReady, PreflightPassed, Running, Succeeded, Failed and Suspended, "
-            "as metav1.Condition."
+            "EnvPoolReady, EnvPoolSized, PreflightPassed, Running, Succeeded, Failed and "
+            "Suspended, as metav1.Condition."
         ),
         json_schema_extra=CONDITIONS_SCHEMA_EXTRA,
     )

@@ -134,6 +134,26 @@ def _check(overrides: tuple[str, ...], users: int) -> OverrideProblem | None:
     return _problem(config_dir, ours, theirs)
 
 
+@functools.lru_cache(maxsize=256)
+def _composed(overrides: tuple[str, ...]) -> dict[str, Any] | None:
+    config_dir = verl_config_dir()
+    if config_dir is None:
+        return None
+    try:
+        config = _compose(config_dir, overrides)
+    except (HydraException, OmegaConfBaseException):
+        return None
+    resolved: dict[str, Any] = OmegaConf.to_container(config, resolve=True)  # type: ignore[assignment]
+    return resolved
+
+
+def composed(overrides: Sequence[str]) -> dict[str, Any] | None:
+    """verl's ppo_trainer config with the run's rendered overrides, resolved; None when verl's
+    config is not installed here or the overrides do not compose (check says why). Blocks like
+    check; the same overrides are composed once."""
+    return _composed(tuple(overrides))
+
+
 def check(overrides: Sequence[str], users: int) -> OverrideProblem | None:
     """The first problem of a run's rendered overrides (the last `users` of which are the user's
     own), composed with verl's ppo_trainer config; None when they compose. Blocks (Hydra composes

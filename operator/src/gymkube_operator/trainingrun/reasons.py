@@ -6,6 +6,7 @@ from enum import StrEnum
 
 class ConditionType(StrEnum):
     ENV_POOL_READY = "EnvPoolReady"
+    ENV_POOL_SIZED = "EnvPoolSized"  # its capacity holds the run's demand (advisory)
     PREFLIGHT_PASSED = "PreflightPassed"
     RUNNING = "Running"
     SUCCEEDED = "Succeeded"
@@ -19,6 +20,9 @@ class Reason(StrEnum):
     ENV_POOL_NOT_FOUND = "EnvPoolNotFound"
     ENV_POOL_NOT_READY = "EnvPoolNotReady"
     ENV_POOL_DEGRADED = "EnvPoolDegraded"  # Degraded for a reason waiting does not fix
+    # EnvPoolSized
+    CAPACITY_MEETS_DEMAND = "CapacityMeetsDemand"
+    CAPACITY_BELOW_DEMAND = "CapacityBelowDemand"
     # PreflightPassed
     PREFLIGHT_DISABLED = "PreflightDisabled"
     PREFLIGHT_STARTED = "PreflightStarted"
