@@ -109,9 +109,7 @@ def pool(name: str, replicas: int, sessions: int) -> Object:
 
 def sized(found: Object, wanted: int) -> tuple[str, str, str, list[str]]:
     needs = RunDemand(sessions=wanted, training=wanted, validation=0, pools={"lake": wanted})
-    plan = lifecycle.plan(
-        RUN, spec(), TrainingRunStatus(), Observed(pool=found, demand=needs), NOW
-    )
+    plan = lifecycle.plan(RUN, spec(), TrainingRunStatus(), Observed(pool=found, demand=needs), NOW)
     assert plan.status.demand == needs
     cond = next(c for c in plan.status.conditions if c.type == ConditionType.ENV_POOL_SIZED)
     warnings = [e.message for e in plan.events if e.type == "Warning"]
