@@ -537,13 +537,15 @@ def kueue_queue(operator: Cluster, namespace: str) -> Iterator[str]:
 def suspended_while_queued(
     operator: Cluster, namespace: str, run: str
 ) -> Callable[[], Object | None]:
-    """The run's Suspended condition once the run is Queued (Kueue holds its child)."""
+    """The run's Suspended condition once the run is Queued and says so in Kueue's words (from
+    the Workload Kueue makes for its child a moment after the operator created it)."""
 
     def queued() -> Object | None:
         found = operator.get(gymkube_path("trainingruns", namespace, run)) or {}
         status = found.get("status") or {}
         if status.get("phase") != "Queued":
             return None
-        return condition(found, "Suspended")
+        suspended = condition(found, "Suspended")
+        return suspended if suspended and "Kueue" in suspended.get("message", "") else None
 
     return queued

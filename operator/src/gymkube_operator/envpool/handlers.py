@@ -11,7 +11,7 @@ import kopf
 
 from gymkube_operator import metrics
 from gymkube_operator.conditions import ConditionStatus, find_condition, now_rfc3339
-from gymkube_operator.envpool import builders, pods
+from gymkube_operator.envpool import autoscale, builders, pods
 from gymkube_operator.envpool.builders import ENVSERVER, ROUTER
 from gymkube_operator.envpool.models import OPENENV, PLURAL, EnvPoolSpec, EnvPoolStatus
 from gymkube_operator.envpool.prober import drain, observe
@@ -24,6 +24,7 @@ from gymkube_operator.kube import KubeError
 from gymkube_operator.labels import COMPONENT_LABEL, POOL_LABEL
 from gymkube_operator.objects import Object
 from gymkube_operator.runtime import Runtime, namespaced, reconcile_until_stopped
+from gymkube_operator.trainingrun.models import Phase
 
 logger = logging.getLogger(__name__)
 
@@ -31,15 +32,17 @@ PoolKey = tuple[str, str]
 WAKE_DEBOUNCE_SECONDS = 0.2
 PoolIndex = kopf.Index[PoolKey, Object]
 # The indexes a pass reads, by kopf id, in Pool.indexes order.
-STATEFULSETS_INDEX, ROUTERS_INDEX, PODS_INDEX = (
+STATEFULSETS_INDEX, ROUTERS_INDEX, PODS_INDEX, DEMAND_INDEX = (
     "envpool_statefulsets",
     "envpool_routers",
     "envpool_pods",
+    "envpool_run_demand",
 )
-INDEX_IDS = (STATEFULSETS_INDEX, ROUTERS_INDEX, PODS_INDEX)
+INDEX_IDS = (STATEFULSETS_INDEX, ROUTERS_INDEX, PODS_INDEX, DEMAND_INDEX)
 # The event handler that only wakes a pool's daemon (main.QuietWakers keeps its log lines out).
 POOL_WAKER = "envpool_changed"
 ORPHAN_FINALIZER = "orphan"
+FINISHED_PHASES = (Phase.SUCCEEDED, Phase.FAILED)
 Keyed = Callable[[str | None, kopf.Labels, Object], dict[PoolKey, Object]]
 # The status fields of a StatefulSet or Deployment the pool status reads; indexes keep only these
 # (and only what the watchdog reads of pods, envpool.pods.slim_pod) to bound the operator's memory.
@@ -85,6 +88,7 @@ class PoolState:
     memory: Memory = dataclasses.field(default_factory=Memory)
     written: EnvPoolStatus | None = None
     applied_generation: int | None = None  # the spec generation whose children were applied
+    scale: autoscale.ScaleMemory = dataclasses.field(default_factory=autoscale.ScaleMemory)
 
     def previous(self, body: kopf.Body) -> EnvPoolStatus:
         return self.written if self.written is not None else _status(body)
@@ -106,13 +110,18 @@ class Pool:
         return (self.namespace, self.name)
 
     def children(self) -> Observed:
-        statefulsets, routers, _ = self.indexes
+        statefulsets, routers, _, _ = self.indexes
         return Observed(
             statefulset=_first(statefulsets, self.key), router=_first(routers, self.key)
         )
 
     def pods(self) -> list[Object]:
         return [] if self.spec.suspend else list(self.indexes[2].get(self.key, []))
+
+    def demand(self) -> int:
+        """Sessions the unfinished runs that use the pool keep open (their status.demand)."""
+        shares: Any = self.indexes[3].get(self.key, [])
+        return sum(int(share) for share in shares)
 
 
 async def _apply_children(rt: Runtime, state: PoolState, pool: Pool) -> Observed:
@@ -240,12 +249,30 @@ async def reconcile_once(rt: Runtime, state: PoolState, pool: Pool, body: kopf.B
         restarts=record_actions(previous.restarts, done, now_rfc3339()),
         now=now_rfc3339(),
     )
+    if pool.spec.autoscaling is not None:
+        status = status.model_copy(update={"demand": pool.demand()})
     await _write_status(rt, state, pool, previous, status)
+    await _autoscale(rt, state, pool, status, body)
     metrics.POOLS.set("EnvPool", pool.namespace, pool.name, _health(status))
     _announce_degradation(body, previous, status)
     # Passes start a period apart, however long the probes took: a frozen pod (a probe timeout
     # per pass) is still restarted within failureThreshold periods.
     return pool.spec.watchdog.probe_period_seconds - (time.monotonic() - started)
+
+
+async def _autoscale(
+    rt: Runtime, state: PoolState, pool: Pool, status: EnvPoolStatus, body: kopf.Body
+) -> None:
+    """Write spec.replicas when the autoscaler wants another size; the next pass applies it."""
+    scale = autoscale.decide(
+        pool.spec, status.demand or 0, status.active_sessions, state.scale, time.monotonic()
+    )
+    if scale is None:
+        return
+    api_version = f"{GROUP}/{VERSION}"
+    patch = {"spec": {"replicas": scale.replicas}}
+    await rt.client.patch(api_version, "EnvPool", pool.namespace, pool.name, patch)
+    kopf.event(body, type="Normal", reason="Scaled", message=scale.message)
 
 
 async def _write_status(
@@ -283,9 +310,12 @@ def _announce_degradation(body: kopf.Body, before: EnvPoolStatus, after: EnvPool
         kopf.event(body, type="Warning", reason=new.reason, message=new.message)
 
 
-def _register_indexes(registry: kopf.OperatorRegistry, keyed: Keyed) -> None:
-    """Indexes of each pool's StatefulSet, router Deployment and env-server pods: they replace API
-    reads in each pass. Async, so they run on the event loop."""
+def _register_indexes(
+    registry: kopf.OperatorRegistry, keyed: Keyed, wake: Callable[[PoolKey], None]
+) -> None:
+    """Indexes of each pool's StatefulSet, router Deployment and env-server pods, and of the
+    demand of the runs that use it: they replace API reads in each pass. Async, so they run on
+    the event loop."""
     # Label filters: a value or kopf.PRESENT.
     router: dict[str, Any] = {POOL_LABEL: kopf.PRESENT, COMPONENT_LABEL: ROUTER}
     envserver: dict[str, Any] = {POOL_LABEL: kopf.PRESENT, COMPONENT_LABEL: ENVSERVER}
@@ -301,6 +331,19 @@ def _register_indexes(registry: kopf.OperatorRegistry, keyed: Keyed) -> None:
         namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
     ) -> dict[PoolKey, Object]:
         return keyed(namespace, labels, _slim_workload(body))
+
+    @kopf.index(GROUP, VERSION, "trainingruns", id=DEMAND_INDEX, registry=registry)
+    async def envpool_run_demand(
+        namespace: str | None, status: kopf.Status, **_: Any
+    ) -> dict[PoolKey, int]:
+        # A finished run keeps its status.demand as a record; it wants no session.
+        if status.get("phase") in FINISHED_PHASES:
+            return {}
+        shares = (status.get("demand") or {}).get("pools") or {}
+        found = {(namespaced(namespace), pool): int(n) for pool, n in shares.items()}
+        for key in found:
+            wake(key)
+        return found
 
     @kopf.index("v1", "pods", id=PODS_INDEX, labels=envserver, registry=registry)
     async def envpool_pods(
@@ -409,5 +452,5 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
                 message=f"stopped {stopped} env servers",
             )
 
-    _register_indexes(registry, pools.keyed)
+    _register_indexes(registry, pools.keyed, pools.wake)
     _register_daemon(registry, rt, pools)

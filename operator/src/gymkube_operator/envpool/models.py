@@ -123,6 +123,44 @@ class EnvReuseSpec(CamelModel):
     )
 
 
+class AutoscalingSpec(CamelModel):
+    """The operator sizes the pool (it writes spec.replicas) from the demand of the runs that use
+    it and from the sessions its servers hold open."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validation_rules(
+            (
+                "self.minReplicas <= self.maxReplicas",
+                "autoscaling.minReplicas must not exceed autoscaling.maxReplicas",
+            ),
+        )
+    )
+
+    min_replicas: int = Field(
+        1,
+        ge=0,
+        le=1000,
+        description="Fewest env-server pods; 0 lets the pool scale to zero between runs.",
+    )
+    max_replicas: int = Field(ge=1, le=1000, description="Most env-server pods.")
+    target_utilization_percent: int = Field(
+        80,
+        ge=10,
+        le=100,
+        description="Share of capacity the open sessions may fill before the pool grows.",
+    )
+    scale_down_delay_seconds: int = Field(
+        300,
+        ge=0,
+        le=86400,
+        description=(
+            "Fewer pods must have been enough for this long before the pool shrinks (a run's "
+            "update phase, which opens no session, must not shrink it); scaling to zero waits "
+            "idleTimeoutSeconds at least."
+        ),
+    )
+
+
 class EnvPoolSpec(CamelModel):
     """What a user asks for: which env, how many servers, how big, and how to keep them healthy."""
 
@@ -180,7 +218,16 @@ class EnvPoolSpec(CamelModel):
             "the operator only."
         ),
     )
-    replicas: int = Field(1, ge=0, le=1000, description="Env-server pods (scale subresource).")
+    replicas: int = Field(
+        1,
+        ge=0,
+        le=1000,
+        description="Env-server pods (scale subresource); with autoscaling, the operator sets it.",
+    )
+    autoscaling: AutoscalingSpec | None = Field(
+        None,
+        description="Size the pool from its runs' demand and its open sessions (docs/envpool.md).",
+    )
     sessions_per_replica: int = Field(
         16, ge=1, le=4096, description="Concurrent sessions one env server accepts."
     )
@@ -244,6 +291,11 @@ class EnvPoolStatus(CamelModel):
     ready_replicas: int = Field(0, ge=0, description="Env-server pods that are ready.")
     capacity: int = Field(0, ge=0, description="Sessions the ready servers can hold.")
     active_sessions: int = Field(0, ge=0, description="Sessions open right now.")
+    demand: int | None = Field(
+        None,
+        ge=0,
+        description="With autoscaling: sessions the unfinished runs using the pool keep open.",
+    )
     url: str | None = Field(None, description="The pool URL clients and TrainingRuns use.")
     selector: str | None = Field(None, description="Label selector of the env-server pods.")
     observed_generation: int = Field(0, ge=0, description="The spec generation last acted on.")

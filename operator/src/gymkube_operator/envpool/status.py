@@ -52,6 +52,13 @@ def _ready(
         return ConditionStatus.FALSE, "Suspended", "the pool is suspended (spec.suspend)"
     if observed.statefulset is None or observed.router is None:
         return ConditionStatus.FALSE, "ChildrenMissing", "the pool's children are being created"
+    if spec.replicas == 0 and spec.autoscaling is not None:
+        return (
+            ConditionStatus.FALSE,
+            "ScaledToZero",
+            "scaled to zero: no run uses the pool and no session was open for "
+            "idleTimeoutSeconds; a run that uses it scales it up",
+        )
     if spec.replicas == 0:
         return ConditionStatus.FALSE, "NoReplicas", "spec.replicas is 0"
     if ready < spec.replicas:
