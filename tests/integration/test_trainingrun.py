@@ -1055,3 +1055,55 @@ def test_a_misspelled_override_fails_the_run_and_no_job_is_ever_created(
     # The same run spelled right goes on to its preflight.
     runs.create("spelled", overrides=["actor_rollout_ref.rollout.n=4", "trainer.total_epochs=3"])
     runs.wait_phase("spelled", "Preflight")
+
+
+def test_an_autoscaled_pool_grows_for_its_runs_demand_and_goes_to_zero_after_it(
+    kube: ControlPlane, runs: Runs
+) -> None:
+    cluster = Cluster(runs.api, runs.namespace)
+    name = "autoscaled"
+    autoscaling = {"minReplicas": 0, "maxReplicas": 5, "scaleDownDelaySeconds": 0}
+    cluster.create(
+        envpool(
+            name, replicas=0, sessionsPerReplica=4, idleTimeoutSeconds=2, autoscaling=autoscaling
+        )
+    )
+
+    def pool_state() -> tuple[int, int | None, str | None]:
+        pool = cluster.get(name) or {}
+        ready = next(
+            (c for c in pool.get("status", {}).get("conditions", []) if c["type"] == "Ready"), {}
+        )
+        status = pool.get("status", {})
+        return pool["spec"]["replicas"], status.get("demand"), ready.get("reason")
+
+    eventually("the pool at zero", lambda: pool_state() == (0, 0, "ScaledToZero") or None)
+
+    # A run of 2 prompts x 4 rollouts keeps 8 sessions open: two servers of 4, before any batch.
+    runs.create(
+        "hungry",
+        envPoolRef={"name": name},
+        preflight={"enabled": False},
+        overrides=[
+            "data.train_batch_size=2",
+            "actor_rollout_ref.rollout.n=4",
+            "trainer.val_before_train=false",
+        ],
+    )
+    eventually(
+        "the run's demand", lambda: (runs.get("hungry") or {}).get("status", {}).get("demand")
+    )
+    assert runs.get("hungry")["status"]["demand"] == {  # type: ignore[index]
+        "sessions": 8,
+        "training": 8,
+        "validation": 0,
+        "pools": {name: 8},
+    }
+    eventually("the pool scaled up", lambda: pool_state()[:2] == (2, 8) or None)
+    scaled = [e.message for e in cluster.events(name) if e.reason == "Scaled"]
+    assert "0 -> 2 env servers: runs' demand 8 sessions, 0 open" in scaled, scaled
+    runs.wait_condition("hungry", "EnvPoolSized", "True", "CapacityMeetsDemand")
+
+    # Once no run uses it and no session was open for idleTimeoutSeconds, back to zero.
+    runs.custom.delete_namespaced_custom_object(GROUP, VERSION, runs.namespace, PLURAL, "hungry")
+    eventually("the pool back at zero", lambda: pool_state() == (0, 0, "ScaledToZero") or None)
