@@ -1,30 +1,17 @@
 """A run's demand (the env sessions it keeps open at once) from verl's real composed config, and
 the advisory EnvPoolSized condition it sets against the pools' capacity."""
 
-import datetime
 from typing import Any
 
 import pytest
 from gymkube_operator.objects import Object
 from gymkube_operator.trainingrun import command, demand, lifecycle, overrides
-from gymkube_operator.trainingrun.command import Run
 from gymkube_operator.trainingrun.lifecycle import Observed
 from gymkube_operator.trainingrun.models import RunDemand, TrainingRunSpec, TrainingRunStatus
 from gymkube_operator.trainingrun.reasons import ConditionType, Reason
+from test_trainingrun_lifecycle import NOW, RUN
 
 pytestmark = pytest.mark.unit
-
-NOW = datetime.datetime(2026, 12, 5, 12, 0, 0, tzinfo=datetime.UTC)
-RUN = Run(
-    name="grpo",
-    namespace="rl",
-    uid="uid-1",
-    generation=1,
-    trainer_image="reg/trainer:1",
-    cpu_trainer_image="reg/trainer-cpu:1",
-    preflight_image="reg/preflight:1",
-    image_pull_policy="IfNotPresent",
-)
 
 
 def spec(*users: str, **fields: Any) -> TrainingRunSpec:
