@@ -1101,7 +1101,7 @@ def test_an_autoscaled_pool_grows_for_its_runs_demand_and_goes_to_zero_after_it(
     }
     eventually("the pool scaled up", lambda: pool_state()[:2] == (2, 8) or None)
     # kopf posts events from a queue of its own, so the Event may trail the patch.
-    up = "0 -> 2 env servers: runs' demand 8 sessions, 0 open"
+    up = "0 -> 2 env servers: runs' demand 8 sessions, 0 open, 0 waiting"
     eventually(
         f"the Scaled event {up!r}",
         lambda: up in [e.message for e in cluster.events(name) if e.reason == "Scaled"] or None,

@@ -27,7 +27,7 @@ def replicas_over(spec: EnvPoolSpec, passes: list[tuple[float, int, int]]) -> li
     """spec.replicas after each pass (time, demand, open sessions), as the operator writes it."""
     memory, seen = ScaleMemory(), []
     for now, demand, active in passes:
-        scale = autoscale.decide(spec, demand, active, memory, now)
+        scale = autoscale.decide(spec, demand, active, 0, memory, now)
         if scale is not None:
             spec = spec.model_copy(update={"replicas": scale.replicas})
         seen.append(spec.replicas)
@@ -66,10 +66,18 @@ def test_to_zero_only_after_the_idle_timeout_with_no_run_and_no_session() -> Non
 def test_the_floor_holds_without_demand_and_a_suspended_pool_is_left_alone() -> None:
     assert replicas_over(pool(3, minReplicas=2), [(0, 0, 0), (100, 0, 0)]) == [3, 2]
     suspended = pool(1).model_copy(update={"suspend": True})
-    assert autoscale.decide(suspended, 100, 0, ScaleMemory(), 0) is None
+    assert autoscale.decide(suspended, 100, 0, 0, ScaleMemory(), 0) is None
+
+
+def test_a_create_the_routers_hold_at_zero_starts_a_server() -> None:
+    # No run, nothing open: a client's /create held by a router is the only load.
+    scale = autoscale.decide(pool(0, minReplicas=0), 0, 0, 1, ScaleMemory(), 0)
+    assert scale is not None
+    assert scale.replicas == 1
+    assert scale.message == "0 -> 1 env servers: runs' demand 0 sessions, 0 open, 1 waiting"
 
 
 def test_the_scale_message_says_why() -> None:
-    scale = autoscale.decide(pool(1), 20, 3, ScaleMemory(), 0)
+    scale = autoscale.decide(pool(1), 20, 3, 0, ScaleMemory(), 0)
     assert scale is not None
-    assert scale.message == "1 -> 3 env servers: runs' demand 20 sessions, 3 open"
+    assert scale.message == "1 -> 3 env servers: runs' demand 20 sessions, 3 open, 0 waiting"

@@ -101,25 +101,28 @@ class Procs:
     def __init__(self) -> None:
         self._started: list[Proc] = []
 
-    def env_server(self, max_sessions: int, warm: int = 1, env: str = "frozen_lake") -> Proc:
-        return self.start(
-            Proc(
-                f"{env} env server (max {max_sessions})",
-                [
-                    "gymkube_envserver.server",
-                    "--env",
-                    env,
-                    "--max-sessions",
-                    str(max_sessions),
-                    "--warm",
-                    str(warm),
-                    "--canary-interval",
-                    "0",
-                    "--log-level",
-                    "warning",
-                ],
-            )
+    def env_server(
+        self, max_sessions: int, warm: int = 1, env: str = "frozen_lake", port: int | None = None
+    ) -> Proc:
+        proc = Proc(
+            f"{env} env server (max {max_sessions})",
+            [
+                "gymkube_envserver.server",
+                "--env",
+                env,
+                "--max-sessions",
+                str(max_sessions),
+                "--warm",
+                str(warm),
+                "--canary-interval",
+                "0",
+                "--log-level",
+                "warning",
+            ],
         )
+        if port is not None:
+            proc.port = port
+        return self.start(proc)
 
     def router(self, *args: str, port: int | None = None, fast_polling: bool = True) -> Proc:
         polling = FAST_POLLING if fast_polling else []

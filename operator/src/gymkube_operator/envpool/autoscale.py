@@ -40,20 +40,21 @@ class Scale:
 
 
 def decide(
-    spec: EnvPoolSpec, demand: int, active: int, memory: ScaleMemory, now: float
+    spec: EnvPoolSpec, demand: int, active: int, waiting: int, memory: ScaleMemory, now: float
 ) -> Scale | None:
-    """The replicas an autoscaled pool should have now, when they differ from spec.replicas."""
+    """The replicas an autoscaled pool should have now, when they differ from spec.replicas;
+    sessions the routers hold (waiting) count as open ones."""
     auto = spec.autoscaling
     if auto is None or spec.suspend:
         return None
-    want = recommend(auto, spec.sessions_per_replica, demand, active)
+    want = recommend(auto, spec.sessions_per_replica, demand, active + waiting)
     to_zero_after = max(auto.scale_down_delay_seconds, spec.idle_timeout_seconds)
     if memory.since is None:
         memory.since = now
     memory.recent.append((now, want))
     while memory.recent and memory.recent[0][0] < now - to_zero_after:
         memory.recent.popleft()
-    why = f"runs' demand {demand} sessions, {active} open"
+    why = f"runs' demand {demand} sessions, {active} open, {waiting} waiting"
     current = spec.replicas
     if want > current:
         return Scale(want, f"{current} -> {want} env servers: {why}")

@@ -247,6 +247,8 @@ def build_router_deployment(pool: Owner, spec: EnvPoolSpec, settings: OperatorSe
     if spec.env == OPENENV:
         capacity = str(spec.sessions_per_replica)
         args += ["--backend-protocol", "openenv", "--backend-capacity", capacity]
+    if spec.autoscaling is not None:
+        args += ["--create-hold", str(spec.autoscaling.create_hold_seconds)]
     container = _container(
         ROUTER_CONTAINER,
         spec.router.image or settings.router_image,

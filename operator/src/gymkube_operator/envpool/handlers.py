@@ -2,6 +2,7 @@
 
 import asyncio
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from gymkube_operator import metrics
 from gymkube_operator.conditions import ConditionStatus, find_condition, now_rfc3339
 from gymkube_operator.envpool import autoscale, builders, pods
 from gymkube_operator.envpool.builders import ENVSERVER, ROUTER
+from gymkube_operator.envpool.fetch import get_page
 from gymkube_operator.envpool.models import OPENENV, PLURAL, EnvPoolSpec, EnvPoolStatus
 from gymkube_operator.envpool.prober import drain, observe
 from gymkube_operator.envpool.reasons import Degraded
@@ -32,13 +34,14 @@ PoolKey = tuple[str, str]
 WAKE_DEBOUNCE_SECONDS = 0.2
 PoolIndex = kopf.Index[PoolKey, Object]
 # The indexes a pass reads, by kopf id, in Pool.indexes order.
-STATEFULSETS_INDEX, ROUTERS_INDEX, PODS_INDEX, DEMAND_INDEX = (
+STATEFULSETS_INDEX, ROUTERS_INDEX, PODS_INDEX, DEMAND_INDEX, ROUTER_PODS_INDEX = (
     "envpool_statefulsets",
     "envpool_routers",
     "envpool_pods",
     "envpool_run_demand",
+    "envpool_router_pods",
 )
-INDEX_IDS = (STATEFULSETS_INDEX, ROUTERS_INDEX, PODS_INDEX, DEMAND_INDEX)
+INDEX_IDS = (STATEFULSETS_INDEX, ROUTERS_INDEX, PODS_INDEX, DEMAND_INDEX, ROUTER_PODS_INDEX)
 # The event handler that only wakes a pool's daemon (main.QuietWakers keeps its log lines out).
 POOL_WAKER = "envpool_changed"
 ORPHAN_FINALIZER = "orphan"
@@ -110,13 +113,16 @@ class Pool:
         return (self.namespace, self.name)
 
     def children(self) -> Observed:
-        statefulsets, routers, _, _ = self.indexes
+        statefulsets, routers, *_ = self.indexes
         return Observed(
             statefulset=_first(statefulsets, self.key), router=_first(routers, self.key)
         )
 
     def pods(self) -> list[Object]:
         return [] if self.spec.suspend else list(self.indexes[2].get(self.key, []))
+
+    def router_pods(self) -> list[Object]:
+        return list(self.indexes[4].get(self.key, []))
 
     def demand(self) -> int:
         """Sessions the unfinished runs that use the pool keep open (their status.demand)."""
@@ -250,7 +256,8 @@ async def reconcile_once(rt: Runtime, state: PoolState, pool: Pool, body: kopf.B
         now=now_rfc3339(),
     )
     if pool.spec.autoscaling is not None:
-        status = status.model_copy(update={"demand": pool.demand()})
+        waiting = await _waiting_sessions(rt, pool)
+        status = status.model_copy(update={"demand": pool.demand(), "waiting_sessions": waiting})
     await _write_status(rt, state, pool, previous, status)
     await _autoscale(rt, state, pool, status, body)
     metrics.POOLS.set("EnvPool", pool.namespace, pool.name, _health(status))
@@ -264,8 +271,9 @@ async def _autoscale(
     rt: Runtime, state: PoolState, pool: Pool, status: EnvPoolStatus, body: kopf.Body
 ) -> None:
     """Write spec.replicas when the autoscaler wants another size; the next pass applies it."""
+    demand, waiting = status.demand or 0, status.waiting_sessions or 0
     scale = autoscale.decide(
-        pool.spec, status.demand or 0, status.active_sessions, state.scale, time.monotonic()
+        pool.spec, demand, status.active_sessions, waiting, state.scale, time.monotonic()
     )
     if scale is None:
         return
@@ -273,6 +281,26 @@ async def _autoscale(
     patch = {"spec": {"replicas": scale.replicas}}
     await rt.client.patch(api_version, "EnvPool", pool.namespace, pool.name, patch)
     kopf.event(body, type="Normal", reason="Scaled", message=scale.message)
+
+
+async def _waiting_sessions(rt: Runtime, pool: Pool) -> int:
+    """New sessions the pool's routers hold for room now (their /status); a router that does not
+    answer counts none (its Deployment's readiness shows in the pool's status)."""
+
+    async def held(pod: Object) -> int:
+        address = rt.resolve(pod, pool.spec.port)
+        if address is None:
+            return 0
+        async with rt.probe_limit:
+            text, failed = await get_page(rt.probes, address, "/status", pool.spec.watchdog)
+        if failed is not None:
+            return 0
+        try:
+            return max(0, int(json.loads(text).get("waiting", 0)))
+        except (ValueError, TypeError, AttributeError):
+            return 0
+
+    return sum(await asyncio.gather(*(held(pod) for pod in pool.router_pods())))
 
 
 async def _write_status(
@@ -346,6 +374,7 @@ def _register_indexes(
         return found
 
     @kopf.index("v1", "pods", id=PODS_INDEX, labels=envserver, registry=registry)
+    @kopf.index("v1", "pods", id=ROUTER_PODS_INDEX, labels=router, registry=registry)
     async def envpool_pods(
         namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
     ) -> dict[PoolKey, Object]:

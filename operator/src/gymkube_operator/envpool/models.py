@@ -159,6 +159,16 @@ class AutoscalingSpec(CamelModel):
             "idleTimeoutSeconds at least."
         ),
     )
+    create_hold_seconds: int = Field(
+        60,
+        ge=0,
+        le=3600,
+        description=(
+            "How long the router holds a new session (HTTP /create or an OpenEnv WebSocket) "
+            "while no env server is Ready, as when the pool scales up from zero; held sessions "
+            "count as load. OpenEnv's client waits 60 s for its first reply."
+        ),
+    )
 
 
 class EnvPoolSpec(CamelModel):
@@ -295,6 +305,11 @@ class EnvPoolStatus(CamelModel):
         None,
         ge=0,
         description="With autoscaling: sessions the unfinished runs using the pool keep open.",
+    )
+    waiting_sessions: int | None = Field(
+        None,
+        ge=0,
+        description="With autoscaling: new sessions the routers hold for room right now.",
     )
     url: str | None = Field(None, description="The pool URL clients and TrainingRuns use.")
     selector: str | None = Field(None, description="Label selector of the env-server pods.")

@@ -301,15 +301,25 @@ class Router:
                 self._close_orphan(request, backend, payload)
             return self._respond(backend, "/create", status, payload, headers)
         self.metrics.pool_full += 1
-        raise RoutingError(
-            ErrorCode.AT_CAPACITY, "every env server in the pool is full or not ready"
-        )
+        raise RoutingError(ErrorCode.AT_CAPACITY, self._no_room(self.settings.create_wait))
+
+    def _no_room(self, wait_s: float) -> str:
+        if self.pool.any_ready() is None and self.settings.create_hold:
+            held = max(wait_s, self.settings.create_hold)
+            return (
+                f"no env server became ready in {held:g} s "
+                "(the pool is scaling up, or its servers fail to start: see the EnvPool's status)"
+            )
+        return "every env server in the pool is full or not ready"
 
     async def _placements(self, wait_s: float, refused: set[Backend]) -> AsyncIterator[Backend]:
         """Backends to place a new session on, the most room first, skipping those the caller
         added to refused; when none has room, waits up to wait_s for some (then tries them all
         again). Ends when the wait is over."""
         pool = self.pool
+        hold = self.settings.create_hold
+        if pool.any_ready() is None:
+            wait_s = max(wait_s, hold)
         deadline = time.monotonic() + wait_s
         waited = False
         while True:
@@ -323,6 +333,10 @@ class Router:
             if not waited:
                 waited = True
                 self.metrics.create_waits += 1
+            if hold and pool.any_ready() is None:
+                # Scaling up: look for the new server in DNS each second, not each interval.
+                pool.resolve_soon()
+                remaining = min(remaining, 1.0)
             await pool.wait_for_room(remaining)
             refused.clear()
 
@@ -332,8 +346,10 @@ class Router:
         if not client.can_prepare(request).ok:
             message = f"{TUNNEL_ENDPOINT} takes WebSocket upgrades"
             return json_response(400, error_body(ErrorCode.BAD_REQUEST, message))
-        placed = await self._place_websocket()
+        # Upgraded first: a session held while the pool scales up would otherwise outlast the
+        # client's connect timeout; what the client sends meanwhile waits in the socket.
         await client.prepare(request)
+        placed = await self._place_websocket()
         if placed is None:
             # OpenEnv's own answer to a full server, which its clients raise from the first reset.
             self.metrics.pool_full += 1
@@ -341,7 +357,7 @@ class Router:
             await client.send_str(
                 error_frame(
                     OpenEnvErrorCode.CAPACITY_REACHED,
-                    "every env server in the pool is full or not ready",
+                    self._no_room(self.settings.ws_create_wait),
                     active_sessions=status.active,
                     max_sessions=status.capacity,
                     retry_after_s=self.settings.retry_after,
@@ -438,8 +454,14 @@ class Router:
 
     async def _readyz(self, request: web.BaseRequest) -> web.StreamResponse:
         ready = self.pool.any_ready() is not None
-        reason = "at least one env server takes sessions" if ready else "no ready env server"
-        return json_response(200 if ready else 503, {"ready": ready, "reason": reason})
+        if ready:
+            reason = "at least one env server takes sessions"
+        elif self.settings.create_hold:
+            reason = f"no ready env server; creates are held up to {self.settings.create_hold:g} s"
+        else:
+            reason = "no ready env server"
+        ok = ready or bool(self.settings.create_hold)
+        return json_response(200 if ok else 503, {"ready": ready, "reason": reason})
 
     async def _status(self, request: web.BaseRequest) -> web.StreamResponse:
         status = pool_status(self.pool)

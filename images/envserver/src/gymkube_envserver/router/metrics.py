@@ -112,6 +112,11 @@ class RouterMetrics(Collector):
             "Creates that waited for room in a full pool.",
             value=self.create_waits,
         )
+        yield GaugeMetricFamily(
+            "gymkube_router_creates_waiting",
+            "Creates held right now for room in a full pool, or for a server in one scaling up.",
+            value=self._pool.waiting,
+        )
         yield CounterMetricFamily(
             "gymkube_router_pool_full",
             "Creates refused with 503 because the pool stayed full for --create-wait.",

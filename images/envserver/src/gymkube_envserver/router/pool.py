@@ -147,6 +147,8 @@ class Pool:
         self._pollers: dict[str, asyncio.Task[None]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._room = asyncio.Event()
+        # Creates waiting for room right now (the operator's autoscaler reads them in /status).
+        self.waiting = 0
         # Set (and replaced) after every DNS resolution; waiters hold the one they saw.
         self._resolution = asyncio.Event()
         self._resolve_now = asyncio.Event()
@@ -223,8 +225,16 @@ class Pool:
 
     async def wait_for_room(self, seconds: float) -> None:
         room = self._room
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(room.wait(), seconds)
+        self.waiting += 1
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(room.wait(), seconds)
+        finally:
+            self.waiting -= 1
+
+    def resolve_soon(self) -> None:
+        """Resolve the backends' DNS name now rather than at the next interval."""
+        self._resolve_now.set()
 
     def _wake(self) -> None:
         self._room.set()

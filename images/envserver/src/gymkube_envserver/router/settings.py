@@ -76,8 +76,17 @@ class RouterSettings(BaseSettings):
     ws_create_wait: float = Field(
         default=5.0,
         ge=0,
-        description="Seconds a WebSocket upgrade waits for room in a full pool (OpenEnv's "
-        "client stops connecting after 10 s).",
+        description="Seconds a new WebSocket session waits for room in a full pool; the socket "
+        "is open meanwhile and its first message waits (OpenEnv's client waits 60 s for the "
+        "reply).",
+    )
+    create_hold: float = Field(
+        default=0.0,
+        ge=0,
+        description="Seconds /create and a WebSocket session are held when no env server is "
+        "Ready, as in an autoscaled pool scaling up from zero (the operator counts held creates "
+        "and starts servers for them); with it set, /readyz is ready without env servers. 0: "
+        "only --create-wait / --ws-create-wait.",
     )
     ws_heartbeat: float = Field(
         default=1.0,

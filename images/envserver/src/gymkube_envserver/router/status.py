@@ -38,6 +38,8 @@ class RouterStatus(BaseModel):
     placed: int
     errors: int
     lost: int
+    # Creates held for room right now: sessions the pool does not have yet.
+    waiting: int
     backends: list[BackendView]
 
 
@@ -56,6 +58,7 @@ def pool_status(pool: Pool) -> RouterStatus:
         placed=sum(view.placed for view in views),
         errors=sum(view.errors for view in views),
         lost=sum(view.lost for view in views),
+        waiting=pool.waiting,
         backends=views,
     )
 
