@@ -1,7 +1,8 @@
 """CPU TrainingRuns beyond one pool and gymkube's loop, as a user writes them, queued in a real
 Kueue: the mixed-pools example over a FrozenLake and a TextArena pool, whose per-pool figures are
 each pool's own episode counts, and the custom-agent-loop example, a user's loop from a ConfigMap
-whose rewards are the pool's own scores. Both go to one LocalQueue whose quota holds one run: the
+whose rewards are the pool's own scores, on a pool that starts at zero, grows for the run's demand
+and returns to zero after it. Both go to one LocalQueue whose quota holds one run: the
 second waits, says why in Kueue's words, and trains once the first is done. Each trains a step or
 two of SmolLM2-135M on the CPU trainer image."""
 
@@ -36,13 +37,19 @@ SMALL_TRAINER = {"requests": {"cpu": "500m", "memory": "4Gi"}, "limits": {"memor
 # Three pools at once on a 2-core node that also runs the control plane, KubeRay and Kueue: the
 # examples' CPU requests would leave the trainer none.
 SMALL_POOL = {"resources": {"cpu": "20m"}, "router": {"cpu": "10m"}}
+# An autoscaled pool that starts at zero and returns there 60 s (its idle timeout) after its run:
+# long enough for the checks to read its server's counts first.
+AT_ZERO = {"minReplicas": 0, "maxReplicas": 1, "scaleDownDelaySeconds": 5}
 
 
 def _docs(path: Path) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
 
 
-def _create_pools(operator: Cluster, namespace: str, path: Path) -> list[str]:
+def _create_pools(
+    operator: Cluster, namespace: str, path: Path, autoscaling: dict[str, Any] | None = None
+) -> list[str]:
+    """The pools in PATH, small; Ready, or at zero when AUTOSCALING (with minReplicas 0)."""
     pools = _docs(path)
     for pool in pools:
         spec = pool["spec"]
@@ -50,11 +57,25 @@ def _create_pools(operator: Cluster, namespace: str, path: Path) -> list[str]:
         spec["router"]["resources"]["requests"]["cpu"] = SMALL_POOL["router"]["cpu"]
         # The pools' counts must be the runs' own: no canary episodes while a run waits its turn.
         spec["watchdog"] = {**spec.get("watchdog", {}), "canaryIntervalSeconds": 0}
+        if autoscaling is not None:
+            spec.update(replicas=0, idleTimeoutSeconds=60, autoscaling=autoscaling)
         operator.create(gymkube_path("envpools", namespace), pool)
     names = [pool["metadata"]["name"] for pool in pools]
     for name in names:
-        operator.wait_pool_ready(namespace, name)
+        if autoscaling is None:
+            operator.wait_pool_ready(namespace, name)
+        else:
+            _wait_at_zero(operator, namespace, name)
     return names
+
+
+def _wait_at_zero(operator: Cluster, namespace: str, name: str) -> None:
+    def at_zero() -> bool:
+        pool = operator.get(gymkube_path("envpools", namespace, name)) or {}
+        ready = condition(pool, "Ready") or {}
+        return pool["spec"]["replicas"] == 0 and ready.get("reason") == "ScaledToZero"
+
+    wait_until(at_zero, timeout=300, what=f"pool {name} at zero")
 
 
 def _step_lines(operator: Cluster, namespace: str, pod: str) -> list[dict[str, Any]]:
@@ -106,7 +127,10 @@ def test_two_cpu_runs_share_a_kueue_queue_over_several_pools_and_a_users_own_loo
     example = EXAMPLES / "custom-agent-loop"
     with kueue_queue(operator, namespace) as queue:
         pools = _create_pools(operator, namespace, EXAMPLES / "mixed-pools" / "envpools.yaml")
-        (own_pool,) = _create_pools(operator, namespace, EXAMPLES / "envpool-frozenlake-easy.yaml")
+        # The user's loop trains on a pool at zero: the run's demand scales it up.
+        (own_pool,) = _create_pools(
+            operator, namespace, EXAMPLES / "envpool-frozenlake-easy.yaml", AT_ZERO
+        )
         # As its README says: the user's file, as a ConfigMap.
         operator.kubectl(
             "create",
@@ -144,6 +168,8 @@ def test_two_cpu_runs_share_a_kueue_queue_over_several_pools_and_a_users_own_loo
     assert own_status["startTime"] >= mixed_status["completionTime"], (mixed_status, own_status)
     _check_mixed(operator, namespace, pools, mixed_status)
     _check_own_loop(operator, namespace, own_pool, own_status)
+    # With its run done, the pool goes back to zero after its idle time.
+    _wait_at_zero(operator, namespace, own_pool)
 
 
 def _phase(operator: Cluster, namespace: str, name: str) -> str | None:

@@ -162,6 +162,17 @@ def test_router_reaches_the_backends_through_the_headless_service() -> None:
     assert builders.pool_url("sciworld", "rl", 8000) == "http://sciworld.rl.svc:8000"
 
 
+def test_an_autoscaled_pools_router_holds_creates_while_the_pool_grows() -> None:
+    def router_args(**fields: Any) -> list[str]:
+        router = children(**fields)[("Deployment", "sciworld-router")]
+        args: list[str] = router["spec"]["template"]["spec"]["containers"][0]["args"]
+        return args
+
+    assert "--create-hold" not in router_args()
+    held = router_args(autoscaling={"maxReplicas": 4, "createHoldSeconds": 90})
+    assert held[held.index("--create-hold") + 1] == "90"
+
+
 def test_suspend_scales_servers_and_router_to_zero() -> None:
     built = children(replicas=4, suspend=True)
     assert built[("StatefulSet", "sciworld")]["spec"]["replicas"] == 0

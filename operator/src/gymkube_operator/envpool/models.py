@@ -164,9 +164,9 @@ class AutoscalingSpec(CamelModel):
         ge=0,
         le=3600,
         description=(
-            "How long the router holds a new session (HTTP /create or an OpenEnv WebSocket) "
-            "while no env server is Ready, as when the pool scales up from zero; held sessions "
-            "count as load. OpenEnv's client waits 60 s for its first reply."
+            "How long a router holds a new session (HTTP /create or an OpenEnv WebSocket) for "
+            "room while the pool is full or at zero; held sessions count as load, so the pool "
+            "grows for them. OpenEnv's client waits 60 s for its first reply."
         ),
     )
 

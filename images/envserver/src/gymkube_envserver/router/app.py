@@ -304,13 +304,13 @@ class Router:
         raise RoutingError(ErrorCode.AT_CAPACITY, self._no_room(self.settings.create_wait))
 
     def _no_room(self, wait_s: float) -> str:
+        held = max(wait_s, self.settings.create_hold)
         if self.pool.any_ready() is None and self.settings.create_hold:
-            held = max(wait_s, self.settings.create_hold)
             return (
                 f"no env server became ready in {held:g} s "
                 "(the pool is scaling up, or its servers fail to start: see the EnvPool's status)"
             )
-        return "every env server in the pool is full or not ready"
+        return f"every env server in the pool stayed full or not ready for {held:g} s"
 
     async def _placements(self, wait_s: float, refused: set[Backend]) -> AsyncIterator[Backend]:
         """Backends to place a new session on, the most room first, skipping those the caller
@@ -318,9 +318,7 @@ class Router:
         again). Ends when the wait is over."""
         pool = self.pool
         hold = self.settings.create_hold
-        if pool.any_ready() is None:
-            wait_s = max(wait_s, hold)
-        deadline = time.monotonic() + wait_s
+        deadline = time.monotonic() + max(wait_s, hold)
         waited = False
         while True:
             backend = pool.pick(refused)

@@ -83,10 +83,10 @@ class RouterSettings(BaseSettings):
     create_hold: float = Field(
         default=0.0,
         ge=0,
-        description="Seconds /create and a WebSocket session are held when no env server is "
-        "Ready, as in an autoscaled pool scaling up from zero (the operator counts held creates "
-        "and starts servers for them); with it set, /readyz is ready without env servers. 0: "
-        "only --create-wait / --ws-create-wait.",
+        description="Seconds /create and a new WebSocket session are held for room in an "
+        "autoscaled pool, full or at zero (the operator counts held creates and starts servers "
+        "for them); with it set, /readyz is ready without env servers. 0: only --create-wait / "
+        "--ws-create-wait.",
     )
     ws_heartbeat: float = Field(
         default=1.0,
