@@ -18,16 +18,23 @@ sessions take each route, swapped every round (sciworld). Prints one JSON docume
   latency_8_sessions: the same with 8 sessions, the env servers far from busy.
 - sciworld: steps/s through the router / direct on two ScienceWorld servers (env-bound).
   Target ratio >= 0.95.
+- creates: a trainer opening its batch: 32 clients at once, each creating a FrozenLake session
+  and closing it again, through the router or straight at the one env server in alternating
+  windows; creates/s and create latency p50/p99 by route, and the CPU per create+close of the
+  router and the server. Targets through the router: >= 1,000 creates/s, p99 <= 100 ms.
 
-    .venv/bin/python bench/router.py [--window 5] [--rounds 2] [--no-sciworld]
+    .venv/bin/python bench/router.py [--window 5] [--rounds 2] [--no-sciworld] [--only creates]
 
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import os
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
@@ -39,7 +46,7 @@ SCRIPT = str(Path(__file__).resolve())
 REPO_ROOT = Path(SCRIPT).parents[1]
 sys.path.insert(0, str(REPO_ROOT / "tests" / "unit" / "router"))
 
-from measure import percentile  # noqa: E402
+from measure import cpu_seconds, percentile  # noqa: E402
 from router_harness import Proc, Procs, wait_all  # noqa: E402
 from router_load import Load, Route, Window, connect, merge, open_sessions  # noqa: E402
 from sections import finish, run_async_section  # noqa: E402
@@ -50,6 +57,8 @@ TARGET_CPU_US = 150.0
 TARGET_ADDED_P50_MS = 1.0
 TARGET_ADDED_P99_MS = 3.0
 TARGET_SCIWORLD_RATIO = 0.95
+TARGET_CREATES_PER_S = 1000.0
+TARGET_CREATE_P99_MS = 100.0
 FROZEN_LAKE_MOVES = [f"<action>{m}</action>" for m in ("right", "down", "left", "down", "up")]
 
 
@@ -208,6 +217,77 @@ async def bench_sciworld(procs: Procs, window: float, rounds: int) -> dict[str, 
     }
 
 
+async def bench_creates(
+    procs: Procs, window: float, rounds: int, clients: int = 32
+) -> dict[str, Any]:
+    backend = procs.env_server(max_sessions=2 * clients, warm=clients)
+    router = procs.router_for([backend], fast_polling=False)
+    wait_all(backend, router)
+    pids = {"router": router.popen.pid, "env_server": backend.popen.pid}  # type: ignore[union-attr]
+    latencies: dict[str, list[float]] = {"router": [], "direct": []}
+    failures: dict[str, int] = {"router": 0, "direct": 0}
+    cpu = {route: dict.fromkeys(pids, 0.0) for route in latencies}
+    measuring = False
+
+    async def client(route: str, deadline: float) -> None:
+        connection = await connect(router.address if route == "router" else backend.address)
+        try:
+            while time.monotonic() < deadline:
+                started = time.perf_counter()
+                status, reply = await connection.request("POST", "/create", b"{}")
+                took = time.perf_counter() - started
+                if status != 200:
+                    failures[route] += measuring
+                    continue
+                if measuring:
+                    latencies[route].append(took)
+                closing = json.dumps({"id": json.loads(reply)["id"]}).encode()
+                await connection.request("POST", "/close", closing)
+        finally:
+            connection.close()
+
+    for _ in range(rounds):
+        # One route at a time, alternating: the router's creates need the server's CPU too.
+        for route in latencies:
+            warmup = 1.0
+            deadline = time.monotonic() + warmup + window
+            running = asyncio.gather(*(client(route, deadline) for _ in range(clients)))
+            await asyncio.sleep(warmup)
+            measuring = True
+            before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            await asyncio.sleep(window)
+            measuring = False
+            for name, pid in pids.items():
+                cpu[route][name] += cpu_seconds(pid) - before[name]
+            await running
+    measured = window * rounds
+    result: dict[str, Any] = {
+        "setup": f"1 FrozenLake server, {clients} clients creating and closing sessions without "
+        "pause, through the router or straight at the server, in alternating windows",
+    }
+    for route, seen in latencies.items():
+        result[route] = {
+            "creates_per_s": len(seen) / measured,
+            "p50_ms": percentile(seen, 50) * 1e3,
+            "p99_ms": percentile(seen, 99) * 1e3,
+            "failed": failures[route],
+            "cpu_us_per_create_and_close": {
+                name: seconds / max(len(seen), 1) * 1e6
+                for name, seconds in cpu[route].items()
+                if route == "router" or name == "env_server"
+            },
+        }
+    routed = result["router"]
+    result["router_vs_direct_creates_per_s"] = (
+        routed["creates_per_s"] / result["direct"]["creates_per_s"]
+    )
+    result["targets"] = {"creates_per_s": TARGET_CREATES_PER_S, "p99_ms": TARGET_CREATE_P99_MS}
+    result["meets_target"] = (
+        routed["creates_per_s"] >= TARGET_CREATES_PER_S and routed["p99_ms"] <= TARGET_CREATE_P99_MS
+    )
+    return result
+
+
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "load_avg_1m_at_start": os.getloadavg()[0]},
@@ -223,6 +303,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     ]
     if args.sciworld:
         benches.append(("sciworld", bench_sciworld))
+    benches.append(("creates", bench_creates))
+    if args.only:
+        benches = [(name, run) for name, run in benches if name in args.only]
     for name, run in benches:
         procs = Procs()
         window = args.window * (3 if name == "sciworld" else 1)
@@ -238,6 +321,7 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=5.0, help="seconds per measured window")
     parser.add_argument("--rounds", type=int, default=2, help="alternating windows per side")
     parser.add_argument("--no-sciworld", dest="sciworld", action="store_false")
+    parser.add_argument("--only", nargs="+", help="run only these sections")
     args = parser.parse_args()
     finish(uvloop.run(bench(args)))
 
