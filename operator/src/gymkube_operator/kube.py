@@ -4,7 +4,9 @@ kopf already logs in and speaks HTTP with aiohttp; this client reuses kopf's log
 of loading the official client library, which would double the operator's memory.
 """
 
+import builtins
 import json
+from collections.abc import AsyncIterator
 from typing import Any, Self
 from urllib.parse import quote, urlencode
 
@@ -42,9 +44,13 @@ class KubeError(Exception):
         self.status = status
 
 
-def resource_path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
+def resource_path(
+    api_version: str, kind: str, namespace: str | None, name: str | None = None
+) -> str:
+    """The object's path; with namespace None, the kind's in every namespace (lists, watches)."""
     prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    path = f"{prefix}/namespaces/{quote(namespace)}/{PLURALS[(api_version, kind)]}"
+    scope = "" if namespace is None else f"/namespaces/{quote(namespace)}"
+    path = f"{prefix}{scope}/{PLURALS[(api_version, kind)]}"
     return f"{path}/{quote(name)}" if name else path
 
 
@@ -128,6 +134,52 @@ class KubeClient:
         )
         items: list[Object] = result.get("items", [])
         return items
+
+    async def list_pages(
+        self, api_version: str, kind: str, namespace: str | None, selector: str, page: int
+    ) -> AsyncIterator[tuple[builtins.list[Object], str]]:
+        """A list in pages of at most PAGE objects, each with the list's resourceVersion: a large
+        list never has to be held whole."""
+        query = {"labelSelector": selector, "limit": str(page)}
+        path = resource_path(api_version, kind, namespace)
+        while True:
+            result = await self._request("GET", path, query=query)
+            meta = result.get("metadata") or {}
+            yield result.get("items") or [], str(meta.get("resourceVersion", ""))
+            if not meta.get("continue"):
+                return
+            query["continue"] = meta["continue"]
+
+    async def watch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        selector: str,
+        resource_version: str,
+        seconds: int,
+    ) -> AsyncIterator[Object]:
+        """The watch events from resource_version on, one parsed at a time, until the API server
+        ends the watch (after about SECONDS) or the connection drops."""
+        query = {
+            "labelSelector": selector,
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(seconds),
+        }
+        url = self._server + resource_path(api_version, kind, namespace) + f"?{urlencode(query)}"
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=seconds + 30)
+        async with self._session.get(url, timeout=timeout) as response:
+            if response.status >= 400:
+                raise KubeError(response.status, _status_message(await response.text()))
+            pending = b""
+            async for chunk in response.content.iter_any():
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
 
     async def get_path(self, path: str) -> Object:
         """Whatever the API server answers at a path of its own (an aggregated API's, say)."""

@@ -13,9 +13,10 @@ import kopf
 from gymkube_operator import metrics
 from gymkube_operator.conditions import ConditionStatus, find_condition, now_rfc3339
 from gymkube_operator.envpool import autoscale, builders, pods
-from gymkube_operator.envpool.builders import ENVSERVER, ROUTER
+from gymkube_operator.envpool.builders import ROUTER
 from gymkube_operator.envpool.fetch import get_page
 from gymkube_operator.envpool.models import OPENENV, PLURAL, EnvPoolSpec, EnvPoolStatus
+from gymkube_operator.envpool.podwatch import PoolPods
 from gymkube_operator.envpool.prober import drain, observe
 from gymkube_operator.envpool.reasons import Degraded
 from gymkube_operator.envpool.restarts import record_actions, restart_times
@@ -34,14 +35,12 @@ PoolKey = tuple[str, str]
 WAKE_DEBOUNCE_SECONDS = 0.2
 PoolIndex = kopf.Index[PoolKey, Object]
 # The indexes a pass reads, by kopf id, in Pool.indexes order.
-STATEFULSETS_INDEX, ROUTERS_INDEX, PODS_INDEX, DEMAND_INDEX, ROUTER_PODS_INDEX = (
+STATEFULSETS_INDEX, ROUTERS_INDEX, DEMAND_INDEX = (
     "envpool_statefulsets",
     "envpool_routers",
-    "envpool_pods",
     "envpool_run_demand",
-    "envpool_router_pods",
 )
-INDEX_IDS = (STATEFULSETS_INDEX, ROUTERS_INDEX, PODS_INDEX, DEMAND_INDEX, ROUTER_PODS_INDEX)
+INDEX_IDS = (STATEFULSETS_INDEX, ROUTERS_INDEX, DEMAND_INDEX)
 # The event handler that only wakes a pool's daemon (main.QuietWakers keeps its log lines out).
 POOL_WAKER = "envpool_changed"
 ORPHAN_FINALIZER = "orphan"
@@ -99,7 +98,8 @@ class PoolState:
 
 @dataclasses.dataclass(frozen=True)
 class Pool:
-    """One EnvPool as a pass sees it: identity, current spec and the operator's indexes."""
+    """One EnvPool as a pass sees it: identity, current spec, the operator's indexes and the
+    pools' pods."""
 
     name: str
     namespace: str
@@ -107,6 +107,7 @@ class Pool:
     generation: int
     spec: EnvPoolSpec
     indexes: tuple[PoolIndex, ...]
+    all_pods: PoolPods
 
     @property
     def key(self) -> PoolKey:
@@ -119,14 +120,14 @@ class Pool:
         )
 
     def pods(self) -> list[Object]:
-        return [] if self.spec.suspend else list(self.indexes[2].get(self.key, []))
+        return [] if self.spec.suspend else self.all_pods.servers(self.namespace, self.name)
 
     def router_pods(self) -> list[Object]:
-        return list(self.indexes[4].get(self.key, []))
+        return self.all_pods.routers(self.namespace, self.name)
 
     def demand(self) -> int:
         """Sessions the unfinished runs that use the pool keep open (their status.demand)."""
-        shares: Any = self.indexes[3].get(self.key, [])
+        shares: Any = self.indexes[2].get(self.key, [])
         return sum(int(share) for share in shares)
 
 
@@ -341,13 +342,11 @@ def _announce_degradation(body: kopf.Body, before: EnvPoolStatus, after: EnvPool
 def _register_indexes(
     registry: kopf.OperatorRegistry, keyed: Keyed, wake: Callable[[PoolKey], None]
 ) -> None:
-    """Indexes of each pool's StatefulSet, router Deployment and env-server pods, and of the
-    demand of the runs that use it: they replace API reads in each pass. Async, so they run on
-    the event loop."""
+    """Indexes of each pool's StatefulSet and router Deployment, and of the demand of the runs
+    that use it: they replace API reads in each pass (the pods come from PoolPods). Async, so
+    they run on the event loop."""
     # Label filters: a value or kopf.PRESENT.
     router: dict[str, Any] = {POOL_LABEL: kopf.PRESENT, COMPONENT_LABEL: ROUTER}
-    envserver: dict[str, Any] = {POOL_LABEL: kopf.PRESENT, COMPONENT_LABEL: ENVSERVER}
-
     pool = {POOL_LABEL: kopf.PRESENT}
 
     # Each by group and version: a resource named by plural alone makes kopf read every API group
@@ -373,13 +372,6 @@ def _register_indexes(
             wake(key)
         return found
 
-    @kopf.index("v1", "pods", id=PODS_INDEX, labels=envserver, registry=registry)
-    @kopf.index("v1", "pods", id=ROUTER_PODS_INDEX, labels=router, registry=registry)
-    async def envpool_pods(
-        namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
-    ) -> dict[PoolKey, Object]:
-        return {(namespaced(namespace), labels[POOL_LABEL]): pods.slim_pod(dict(body))}
-
 
 class Pools:
     """Each live pool's state by key; watch events on a pool or its children wake its daemon."""
@@ -400,14 +392,22 @@ class Pools:
 
 
 def _pool(
-    name: str, namespace: str, uid: str, body: kopf.Body, indexes: tuple[PoolIndex, ...]
+    name: str,
+    namespace: str,
+    uid: str,
+    body: kopf.Body,
+    indexes: tuple[PoolIndex, ...],
+    all_pods: PoolPods,
 ) -> Pool:
     """The pool as this pass sees it (body is kopf's live view of the object)."""
     spec = builders.parse_spec(body["spec"])
-    return Pool(name, namespace, uid, body["metadata"].get("generation", 1), spec, indexes)
+    generation = body["metadata"].get("generation", 1)
+    return Pool(name, namespace, uid, generation, spec, indexes, all_pods)
 
 
-def _register_daemon(registry: kopf.OperatorRegistry, rt: Runtime, pools: Pools) -> None:
+def _register_daemon(
+    registry: kopf.OperatorRegistry, rt: Runtime, pools: Pools, all_pods: PoolPods
+) -> None:
     # On stop a daemon finishes its current pass (at most a probe timeout) and exits.
     @kopf.daemon(
         GROUP, VERSION, PLURAL, id="envpool_watchdog", cancellation_backoff=5,
@@ -423,9 +423,12 @@ def _register_daemon(registry: kopf.OperatorRegistry, rt: Runtime, pools: Pools)
         indexes = tuple(kwargs[index_id] for index_id in INDEX_IDS)
 
         async def pass_once() -> float:
-            return await reconcile_once(rt, state, _pool(name, key[0], uid, body, indexes), body)
+            pool = _pool(name, key[0], uid, body, indexes, all_pods)
+            return await reconcile_once(rt, state, pool, body)
 
         try:
+            # A pass before the pods were first listed would see a pool without servers.
+            await all_pods.synced.wait()
             what = f"EnvPool {key[0]}/{name}"
             await reconcile_until_stopped(
                 "EnvPool", what, pass_once, state.wake, stopped, WAKE_DEBOUNCE_SECONDS
@@ -481,5 +484,21 @@ def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
                 message=f"stopped {stopped} env servers",
             )
 
+    all_pods = PoolPods(list(rt.settings.namespaces) or [None])
+    following: list[asyncio.Task[None]] = []
+
+    @kopf.on.startup(registry=registry)
+    async def envpool_follow_pods(**_: Any) -> None:
+        following.extend(
+            asyncio.create_task(all_pods.follow(lambda: rt.client, scope))
+            for scope in all_pods.scopes
+        )
+
+    @kopf.on.cleanup(registry=registry)
+    async def envpool_stop_following_pods(**_: Any) -> None:
+        for task in following:
+            task.cancel()
+        await asyncio.gather(*following, return_exceptions=True)
+
     _register_indexes(registry, pools.keyed, pools.wake)
-    _register_daemon(registry, rt, pools)
+    _register_daemon(registry, rt, pools, all_pods)
