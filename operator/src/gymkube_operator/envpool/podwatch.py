@@ -51,7 +51,7 @@ class PoolPods:
 
     def seen(self, scope: str | None, event_type: str, pod: Object) -> None:
         """One watch event (ADDED, MODIFIED, DELETED) of a pod in SCOPE."""
-        _shelve(self._shelves[scope], event_type, pod)
+        shelve(self._shelves[scope], event_type, pod)
 
     def listed(self, scope: str | None, shelf: Shelf) -> None:
         """A fresh list of SCOPE's pods replaces what was known of it."""
@@ -82,7 +82,7 @@ class PoolPods:
         async for page, listed_at in client.list_pages("v1", "Pod", scope, SELECTOR, LIST_PAGE):
             # Slimmed at once: a page's full bodies are dropped before the next is read.
             for pod in page:
-                _shelve(shelf, "ADDED", pod)
+                shelve(shelf, "ADDED", pod)
             version = listed_at
         self.listed(scope, shelf)
         return version
@@ -103,7 +103,7 @@ class PoolPods:
         return version
 
 
-def _shelve(shelf: Shelf, event_type: str, pod: Object) -> None:
+def shelve(shelf: Shelf, event_type: str, pod: Object) -> None:
     meta = pod["metadata"]
     labels = meta.get("labels") or {}
     key = (meta["namespace"], labels.get(POOL_LABEL, ""), labels.get(COMPONENT_LABEL, ""))
