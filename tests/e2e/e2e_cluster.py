@@ -73,6 +73,10 @@ def status():
 before = status()["served"]
 while (last := status())["served"] == before:
     time.sleep(0.05)
+# served counts a session before its /create reply is written: stopped at once, the router would
+# find the server dead and place the create elsewhere, and no episode would be cut. The reply is
+# out within milliseconds; the episode's first turn (a model generation) takes seconds.
+time.sleep(0.2)
 os.kill(pid, signal.SIGSTOP)
 print(json.dumps({"pid": pid, "replays": last.get("replays", 0)}))
 """
