@@ -89,6 +89,26 @@ def install(
     return asyncio.run(ensure())
 
 
+def current_values(kube: Kube, release: str, namespace: str) -> Values:
+    """The values the release's current revision was installed with (as `helm get values`)."""
+    client = helm(kube)
+
+    async def read() -> Values:
+        revision = await client.get_current_revision(release, namespace=namespace)
+        return dict(await revision.values())
+
+    return asyncio.run(read())
+
+
+def merged_values(base: Values, extra: Values) -> Values:
+    """BASE with EXTRA laid over it, nested maps merged key by key (as helm merges -f files)."""
+    merged = dict(base)
+    for key, value in extra.items():
+        nested = isinstance(value, dict) and isinstance(merged.get(key), dict)
+        merged[key] = merged_values(merged[key], value) if nested else value
+    return merged
+
+
 def uninstall(kube: Kube, release: str, namespace: str, *, wait: bool = True) -> bool:
     """Uninstalls the release; False when it was not installed."""
     client = helm(kube)

@@ -99,13 +99,6 @@ print(json.dumps(counts))
 """
 
 
-def _merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in extra.items():
-        merged[key] = _merged(merged.get(key, {}), value) if isinstance(value, dict) else value
-    return merged
-
-
 def _images(pod: dict[str, Any]) -> set[str]:
     return {str(container["image"]) for container in pod["spec"]["containers"]}
 
@@ -165,7 +158,7 @@ def test_an_upgrade_to_images_from_a_registry_loses_no_session_of_a_serving_pool
 
     # helm upgrade: every image from the registry; the chart's own --wait for the new operator.
     names = list(CHART_IMAGE_VALUES)
-    values = _merged(chart_values(settings), pushed_values(registry, names))
+    values = chart.merged_values(chart_values(settings), pushed_values(registry, names))
     started = time.monotonic()
     chart.install(
         operator,

@@ -1,12 +1,14 @@
 """A CPU TrainingRun trains for real: verl's main_ppo with vLLM on CPU and SmolLM2-135M-Instruct
 (the CPU trainer image's own model), gymkube's agent loop playing a FrozenLake pool. One run rides
 out every fault gymkube promises to absorb: an env server frozen mid-step (its episodes replayed
-on the other server), the trainer pod deleted (retried, resumed from its checkpoint), the
-operator restarted, and a preemption by a real Kueue for a run of higher priority (it waits,
-says why, and resumes from its checkpoint once readmitted), and still trains exactly its steps.
+on the other server), the trainer pod deleted (retried, resumed from its checkpoint), a `helm
+upgrade` that replaces the operator pod (the run goes on, not restarted), and a preemption by a
+real Kueue for a run of higher priority (it waits, says why, and resumes from its checkpoint once
+readmitted), and still trains exactly its steps.
 The run that preempted it has a wrong model path and fails with the trainer's reason."""
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -31,6 +33,7 @@ from e2e_cluster import (
     wait_until,
 )
 from gymkube_agentloop.train import PROGRESS_PREFIX
+from gymkube_dev import chart
 from gymkube_dev.chart import release_selector
 
 # The two training runs take several minutes each on a 2-core node.
@@ -184,18 +187,25 @@ def _pool_restarts(operator: Cluster, namespace: str) -> int:
     return replaced + restarted
 
 
-def _restart_operator(operator: Cluster, settings: E2ESettings) -> None:
+def _upgrade_operator(operator: Cluster, settings: E2ESettings) -> None:
+    """`helm upgrade` of the release with the operator's pod template changed, as a new operator
+    version changes it: the Deployment replaces the operator pod while the run trains."""
     namespace = settings.operator_namespace
     selector = f"{release_selector(settings.release)},app.kubernetes.io/component=operator"
     old = set(operator.names(api_path("v1", "pods", namespace), selector))
-    for pod in old:
-        operator.delete(api_path("v1", "pods", namespace, pod))
+    values = chart.merged_values(
+        chart.current_values(operator, settings.release, namespace),
+        {"podAnnotations": {"gymkube.io/e2e-upgrade": str(time.time_ns())}},
+    )
+    chart.install(
+        operator, settings.release, namespace, values, wait=True, chart_dir=settings.chart
+    )
 
     def replaced() -> bool:
         names = operator.names(api_path("v1", "pods", namespace), selector)
         return any(name not in old and operator.pod_ready(namespace, name) for name in names)
 
-    wait_until(replaced, timeout=180, what="a new operator pod to be Ready")
+    wait_until(replaced, timeout=180, what="the upgraded operator pod to be Ready")
 
 
 def _operator_env(operator: Cluster, settings: E2ESettings) -> dict[str, str]:
@@ -221,7 +231,7 @@ WRONG_MODEL = "/models/SmolLM2-1.7B-Instruct"
 STEP_NOISE_S = 20
 
 
-def test_a_cpu_run_rides_out_a_frozen_server_a_deleted_trainer_an_operator_restart_and_a_preemption(
+def test_a_cpu_run_rides_out_a_frozen_server_a_deleted_trainer_a_helm_upgrade_and_a_preemption(
     operator: Cluster, settings: E2ESettings, namespace: str, checkpoints: dict[str, Any]
 ) -> None:
     needs_controllers(settings)
@@ -266,11 +276,12 @@ def _ride_out_every_fault(
     first_steps = _progress_lines(operator, namespace, first_pod)
     operator.delete(api_path("v1", "pods", namespace, first_pod))
 
-    # 3. Once the Job has started its replacement, the operator itself restarts.
+    # 3. Once the Job has started its replacement, the release is upgraded: a new operator pod
+    # takes over while the run trains (the restarts counted below are the faults' only).
     second_pod = wait_until(
         _new_trainer_pod(operator, namespace, first_pod), timeout=300, what="a new trainer pod"
     )
-    _restart_operator(operator, settings)
+    _upgrade_operator(operator, settings)
 
     # 4. Once the operator has seen step 4, a run of higher priority comes to the queue, whose
     # quota holds one run: Kueue preempts this one, which says so and waits.

@@ -209,11 +209,16 @@ def _check_own_loop(operator: Cluster, namespace: str, pool: str, status: dict[s
     assert {"name": "PYTHONPATH", "value": "/opt/gymkube/agent-loop"} in trainer["env"]
     (line,) = _step_lines(operator, namespace, status["trainerPod"])
     print(json.dumps({"e2e_own_loop_step": line}))
-    # The pool played the step's 2 x 2 episodes through the user's loop. verl's sync trainer
-    # (gen_batch_size 1, as sync_refill_failed_groups sets it) may start prompts beyond the batch
-    # and drop them when the run ends (a CI run's pool counted 9), and its mean reward need not
-    # be the pool's mean score (0.3333 for the pool's 0.25 over exactly 4 once): a FrozenLake
-    # score, 0..1.
-    episodes, _ = pool_counts(operator, namespace, pool)
+    # The pool played the step's 2 x 2 episodes through the user's loop, and verl's reward is
+    # the pool's own score: its mean over the episodes the loop finished equals the pool's score
+    # sum over them. An episode whose loop raised (loopErrors: a session the pool closed under
+    # it, say) is not trained, and it never reached the goal, so it scored 0 at the pool too; a
+    # group that lost both episodes is replaced by a fresh prompt, which the pool also played.
+    episodes, score_sum = pool_counts(operator, namespace, pool)
+    errors = line.get("loopErrors", 0)
     assert episodes >= 4, (episodes, line)
-    assert 0 <= line["meanReward"] <= 1, line
+    assert line["meanReward"] * (episodes - errors) == pytest.approx(score_sum, abs=1e-3), (
+        episodes,
+        score_sum,
+        line,
+    )

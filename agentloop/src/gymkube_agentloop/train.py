@@ -71,6 +71,14 @@ UPDATE_TIMES = ("timing_s/old_log_prob", "timing_s/update_actor", "timing_s/upda
 _COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 _WORKER_PREFIX = re.compile(r"^\s*\([^)]*pid=\d+[^)]*\)\s*")
 _ERROR_WORDS = re.compile(r"(Error|Exception|error:|Killed|OOM|Traceback)")
+# verl's agent-loop worker logs this, then the traceback, for each episode whose agent loop raised
+# (verl/trainer/ppo/v1/agent_loop_tq.py); verl trains the batch without that episode. The
+# traceback ends in the exception's own line: "aiohttp.client_exceptions.ClientResponseError: 410".
+LOOP_ERROR = "Error in _run_prompt"
+_EXCEPTION_LINE = re.compile(
+    r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Timeout)\w*(?::|$)"
+)
+LOOP_ERROR_LIMIT = 1024
 # The kubelet keeps 4 KiB of the termination message.
 TERMINATION_LIMIT = 4096
 
@@ -109,6 +117,8 @@ class TrainingProgress(BaseModel):
     episodes_excluded: int | None = None
     replay_canary_failures: int | None = None
     pools: dict[str, PoolProgress] | None = None
+    loop_errors: int | None = None
+    last_loop_error: str | None = None
 
     def line(self) -> str:
         body = self.model_dump(by_alias=True, exclude_none=True)
@@ -215,6 +225,7 @@ def progress_of(
     now: datetime.datetime,
     resumed_from_step: int | None = None,
     episodes: StepEpisodes | None = None,
+    loop_errors: tuple[int, str | None] | None = None,
 ) -> TrainingProgress | None:
     """The progress line for one FileLogger record (None for a record without a step)."""
     step, metrics = record.get("step"), record.get("data")
@@ -241,13 +252,18 @@ def progress_of(
         episodes_excluded=episodes.excluded if episodes else None,
         replay_canary_failures=episodes.canary_failures if episodes else None,
         pools=episodes.pool_progress() if episodes else None,
+        loop_errors=loop_errors[0] if loop_errors else None,
+        last_loop_error=loop_errors[1] if loop_errors else None,
     )
+
+
+def _cleaned(line: str) -> str:
+    return _WORKER_PREFIX.sub("", _COLOUR.sub("", line)).strip()
 
 
 def last_error_line(lines: Iterable[str]) -> str:
     """The trainer's own reason for stopping: its last line that names an error, else its last."""
-    cleaned = [_WORKER_PREFIX.sub("", _COLOUR.sub("", line)).strip() for line in lines]
-    cleaned = [line for line in cleaned if line]
+    cleaned = [text for line in lines if (text := _cleaned(line))]
     for line in reversed(cleaned):
         if _ERROR_WORDS.search(line):
             return line
@@ -346,6 +362,11 @@ class Reporter:
         self.step_times: list[float] = []
         # Training episodes by the step they were generated for, until that step is reported.
         self.episodes: dict[int, StepEpisodes] = collections.defaultdict(StepEpisodes)
+        # Episodes whose agent loop raised since the last progress line, and the last one's
+        # exception; a traceback whose exception line is still to come is pending.
+        self.loop_errors = 0
+        self.last_loop_error: str | None = None
+        self._loop_error_pending = False
         self._lock = threading.Lock()
 
     def write(self, line: str) -> None:
@@ -358,7 +379,25 @@ class Reporter:
             if self.total_steps is None and (found := TOTAL_STEPS.search(line)):
                 self.total_steps = int(found.group(1))
             self.tail.append(line)
+            self._note_loop_error(line)
             self.write(line)
+
+    def _note_loop_error(self, line: str) -> None:
+        text = _cleaned(line)
+        if LOOP_ERROR in text:
+            with self._lock:
+                self.loop_errors += 1
+            self._loop_error_pending = True
+        elif self._loop_error_pending and _EXCEPTION_LINE.match(text):
+            with self._lock:
+                self.last_loop_error = text[:LOOP_ERROR_LIMIT]
+            self._loop_error_pending = False
+
+    def _take_loop_errors(self) -> tuple[int, str | None]:
+        """The episodes that raised since the last call, and the last exception seen."""
+        with self._lock:
+            count, self.loop_errors = self.loop_errors, 0
+            return count, self.last_loop_error if count else None
 
     def count_episodes(self) -> None:
         """Count the training episodes the agent loop logged since the last call."""
@@ -395,6 +434,7 @@ class Reporter:
                 now=datetime.datetime.now(datetime.UTC),
                 resumed_from_step=self.resumed_from_step,
                 episodes=self.episodes.pop(step, None) if isinstance(step, int) else None,
+                loop_errors=self._take_loop_errors() if isinstance(step, int) else None,
             )
             if progress is not None:
                 self.write(progress.line())

@@ -350,6 +350,50 @@ def test_each_step_line_counts_that_steps_training_episodes(tmp_path: Path) -> N
     assert not Path(log).exists()
 
 
+# What a Ray worker prints when verl's agent-loop worker logs an episode whose loop raised: the
+# colour and the worker prefix on every line, the traceback, then the exception's own line.
+LOOP_FAILURE = [
+    "\x1b[36m(AgentLoopWorker pid=77)\x1b[0m ERROR:verl.trainer.ppo.v1.agent_loop_tq:"
+    "Error in _run_prompt for uid=5f0c",
+    "\x1b[36m(AgentLoopWorker pid=77)\x1b[0m Traceback (most recent call last):",
+    '\x1b[36m(AgentLoopWorker pid=77)\x1b[0m   File "/opt/gymkube/agent-loop/my_loops.py", line 62',
+    "\x1b[36m(AgentLoopWorker pid=77)\x1b[0m     reply.raise_for_status()",
+    "\x1b[36m(AgentLoopWorker pid=77)\x1b[0m aiohttp.client_exceptions.ClientResponseError: 410, "
+    "message='Gone', url='http://lake:8000/step'",
+]
+
+
+def test_episodes_whose_loop_raised_are_counted_per_step_with_the_last_exception(
+    tmp_path: Path,
+) -> None:
+    trainer = fake_trainer(
+        tmp_path,
+        f"""
+        for step, failures in ((1, 2), (2, 0)):
+            for _ in range(failures):
+                print("\\n".join({LOOP_FAILURE!r}), flush=True)
+            time.sleep(0.4)
+            record = {json.dumps(RECORD)}
+            record["step"] = step
+            with open(METRICS, "a") as out:
+                out.write(json.dumps(record) + "\\n")
+            time.sleep(0.3)
+        """,
+    )
+    done = run_wrapper(
+        tmp_path, "--checkpoint-dir", str(tmp_path), "--poll-seconds", "0.1", "--", *trainer
+    )
+    assert done.returncode == 0, done.stderr
+    first, second = progress_lines(done.stdout)
+    assert first["loopErrors"] == 2
+    assert first["lastLoopError"] == (
+        "aiohttp.client_exceptions.ClientResponseError: 410, message='Gone', "
+        "url='http://lake:8000/step'"
+    )
+    assert second["loopErrors"] == 0
+    assert "lastLoopError" not in second
+
+
 def test_both_progress_models_have_the_same_fields() -> None:
     from gymkube_operator.trainingrun.models import TrainingProgress
 

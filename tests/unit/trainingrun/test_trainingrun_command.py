@@ -452,6 +452,8 @@ def test_the_progress_line_gymkube_train_prints_is_the_one_the_operator_reads() 
                 mean_turns=2.5,
             )
         },
+        loop_errors=1,
+        last_loop_error="RuntimeError: the env failed (lost)",
     )
     assert readings.PROGRESS_PREFIX == train.PROGRESS_PREFIX
     read = readings.parse_progress(f"(TaskRunner pid=1) step:3\n{printed.line()}\n")

@@ -410,6 +410,17 @@ class TrainingProgress(CamelModel):
     pools: dict[str, PoolProgress] | None = Field(
         None, description="With envPools: that step's episodes by the pool that played them."
     )
+    loop_errors: int | None = Field(
+        None,
+        ge=0,
+        description=(
+            "Episodes whose agent loop raised since the step before (verl trains without them, "
+            "and logs each with its traceback): a user's own loop's failures show here."
+        ),
+    )
+    last_loop_error: str | None = Field(
+        None, max_length=1024, description="The exception line of the last of those episodes."
+    )
 
 
 # How many steps status.history keeps: every one of the last HISTORY_RECENT, and before those a
