@@ -15,6 +15,8 @@ solve the board, send up to 20 valid moves, reset again, until the window ends. 
 server and load: steps/s, server CPU µs per step (utime+stime from /proc over the window),
 p50/p99 step latency, RSS per open session, and for the router its added p50/p99 latency and
 its CPU µs per relayed WebSocket message. Goal: gymkube >= OpenEnv's server on every figure.
+The env alone (the same TextArena calls for the same episodes, in this process, no server) is
+the floor under any server's CPU per step: ``targets`` sets it beside a third of OpenEnv's.
 
     .venv/bin/python bench/openenv_ws.py [--window 8] [--rounds 3] [--sessions 16 64]
 """
@@ -173,6 +175,30 @@ async def measure(url: str, pids: dict[str, int], sessions: int, window: float) 
     return result
 
 
+def env_alone_cpu_us_per_step(episodes: int) -> float:
+    """CPU µs per step of the env itself, resets included as in the servers' figures: the
+    TextArena calls both servers make (reset, step, observation) for the players' episodes, the
+    moves worked out beforehand; one env object reset each time, the cheapest way to play."""
+    import textarena
+
+    game = textarena.make(GAME)
+    cpu, steps = 0.0, 0
+    for seed in range(episodes):
+        started = time.process_time()
+        game.reset(num_players=1, seed=seed * 1000)
+        observation = str(game.get_observation()[1])
+        cpu += time.process_time() - started
+        for move in valid_moves(observation):
+            started = time.process_time()
+            done, _ = game.step(move)
+            str(game.get_observation()[1])
+            cpu += time.process_time() - started
+            steps += 1
+            if done:
+                break
+    return round(cpu / steps * 1e6, 1)
+
+
 # -- the run -----------------------------------------------------------------------------------
 
 
@@ -245,6 +271,16 @@ async def bench_load(procs: Procs, sessions: int, window: float, rounds: int) ->
     routed["router_cpu_us_per_message"] = round(routed["router_cpu_us_per_step"] / 2, 1)
     ours, theirs = report["gymkube_server"], report["openenv_server"]
     rss = report["rss_kib_per_session"]
+    floor = env_alone_cpu_us_per_step(episodes=40)
+    report["env_alone_cpu_us_per_step"] = floor
+    report["targets"] = {
+        "cpu_at_most_a_third_of_openenv": ours["server_cpu_us_per_step"]
+        <= theirs["server_cpu_us_per_step"] / 3,
+        "steps_per_s_at_least_1_5x": ours["steps_per_s"] >= 1.5 * theirs["steps_per_s"],
+        "p99_at_most_openenv": ours["p99_ms"] <= theirs["p99_ms"],
+        # False: a third of OpenEnv's CPU per step is less than the env's own calls cost.
+        "env_alone_within_a_third_of_openenv": floor <= theirs["server_cpu_us_per_step"] / 3,
+    }
     report["gymkube_at_least_openenv"] = {
         "steps_per_s": ours["steps_per_s"] >= theirs["steps_per_s"],
         "cpu_us_per_step": ours["server_cpu_us_per_step"] <= theirs["server_cpu_us_per_step"],

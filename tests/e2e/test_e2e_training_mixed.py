@@ -216,6 +216,20 @@ def _check_own_loop(operator: Cluster, namespace: str, pool: str, status: dict[s
     # group that lost both episodes is replaced by a fresh prompt, which the pool also played.
     episodes, score_sum = pool_counts(operator, namespace, pool)
     errors = line.get("loopErrors", 0)
+    # Where the loop's sessions went, when some were lost (a 410 in lastLoopError).
+    pool_status = (operator.get(gymkube_path("envpools", namespace, pool)) or {}).get("status", {})
+    print(
+        json.dumps(
+            {
+                "e2e_own_loop_pool": {
+                    "episodes": episodes,
+                    "scores": score_sum,
+                    "restarts": pool_status.get("restarts"),
+                    "conditions": pool_status.get("conditions"),
+                }
+            }
+        )
+    )
     assert episodes >= 4, (episodes, line)
     assert line["meanReward"] * (episodes - errors) == pytest.approx(score_sum, abs=1e-3), (
         episodes,
