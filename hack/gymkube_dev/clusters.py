@@ -62,7 +62,9 @@ def choose_cluster(settings: UpSettings, kind: dict[str, str]) -> tuple[ClusterK
         return "kind", f"the kind cluster {kind['name']} exists"
     if local_cluster_running():
         return "local", "the local cluster is running"
-    if docker_answers() and kind["image"]:
+    if not docker_answers():
+        return "local", "Docker does not answer here (kind runs its node in Docker)"
+    if kind["image"]:
         cpus = docker_cpus()
         if cpus >= KIND_MIN_CPUS:
             return "kind", f"kind's node image {kind['image']} can be had"
