@@ -39,9 +39,13 @@ NOW = datetime.datetime(2026, 12, 1, 10, 0, tzinfo=datetime.UTC)
 
 def fake_trainer(tmp_path: Path, body: str) -> list[str]:
     script = tmp_path / "trainer.py"
+    # write_record(step): verl's FileLogger record of that step, appended as verl appends it.
     script.write_text(
         "import json, os, sys, time\nMETRICS = os.environ['VERL_FILE_LOGGER_PATH']\n"
-        + textwrap.dedent(body)
+        f"RECORD = {RECORD!r}\n"
+        "def write_record(step):\n"
+        "    with open(METRICS, 'a') as out:\n"
+        "        out.write(json.dumps({**RECORD, 'step': step}) + '\\n')\n" + textwrap.dedent(body)
     )
     return [sys.executable, str(script)]
 
@@ -103,10 +107,7 @@ def test_a_run_prints_progress_per_step_with_total_and_checkpoint(tmp_path: Path
         for step in (1, 2):
             time.sleep(0.3)
             open({str(checkpoints / train.LATEST_CHECKPOINT)!r}, "w").write(str(step))
-            record = {json.dumps(RECORD)}
-            record["step"] = step
-            with open(METRICS, "a") as out:
-                out.write(json.dumps(record) + "\\n")
+            write_record(step)
         print("done", METRICS, flush=True)
         """,
     )
@@ -260,11 +261,8 @@ def test_a_resumed_trainer_says_which_step_it_resumed_from(tmp_path: Path) -> No
     checkpoints = tmp_path / "ckpt"
     trainer = fake_trainer(
         tmp_path,
-        f"""
-        record = {json.dumps(RECORD)}
-        record["step"] = 4
-        with open(METRICS, "a") as out:
-            out.write(json.dumps(record) + "\\n")
+        """
+        write_record(4)
         """,
     )
     args = ("--checkpoint-dir", str(checkpoints), "--poll-seconds", "0.1", "--", *trainer)
@@ -320,10 +318,7 @@ def test_each_step_line_counts_that_steps_training_episodes(tmp_path: Path) -> N
         with open(EPISODES, "a") as log:
             log.write({"".join(lines)!r} + "not json\\n")
         for step in (1, 2):
-            record = {json.dumps(RECORD)}
-            record["step"] = step
-            with open(METRICS, "a") as out:
-                out.write(json.dumps(record) + "\\n")
+            write_record(step)
             time.sleep(0.3)
         """,
     )
@@ -373,10 +368,7 @@ def test_episodes_whose_loop_raised_are_counted_per_step_with_the_last_exception
             for _ in range(failures):
                 print("\\n".join({LOOP_FAILURE!r}), flush=True)
             time.sleep(0.4)
-            record = {json.dumps(RECORD)}
-            record["step"] = step
-            with open(METRICS, "a") as out:
-                out.write(json.dumps(record) + "\\n")
+            write_record(step)
             time.sleep(0.3)
         """,
     )
