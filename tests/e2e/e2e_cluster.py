@@ -539,10 +539,11 @@ def kueue_queue(operator: Cluster, namespace: str) -> Iterator[str]:
 
 
 def suspended_while_queued(
-    operator: Cluster, namespace: str, run: str
+    operator: Cluster, namespace: str, run: str, says: str
 ) -> Callable[[], Object | None]:
-    """The run's Suspended condition once the run is Queued and says so in Kueue's words (from
-    the Workload Kueue makes for its child a moment after the operator created it)."""
+    """The run's Suspended condition once the run is Queued and its message says `says`, Kueue's
+    words: Kueue makes the Workload a moment after the operator creates the child and writes why it
+    waits a moment later, and the run reads the Workload again on its next pass."""
 
     def queued() -> Object | None:
         found = operator.get(gymkube_path("trainingruns", namespace, run)) or {}
@@ -550,6 +551,6 @@ def suspended_while_queued(
         if status.get("phase") != "Queued":
             return None
         suspended = condition(found, "Suspended")
-        return suspended if suspended and "Kueue" in suspended.get("message", "") else None
+        return suspended if suspended and says in suspended.get("message", "") else None
 
     return queued

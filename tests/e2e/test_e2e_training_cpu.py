@@ -303,7 +303,7 @@ def _ride_out_every_fault(
         second_steps[:] = _progress_lines(operator, namespace, second_pod, check=False) or (
             second_steps
         )
-        return suspended_while_queued(operator, namespace, "lake-grpo")()
+        return suspended_while_queued(operator, namespace, "lake-grpo", "preempted by Kueue")()
 
     waiting = wait_until(preempted, timeout=300, interval=0.5, what="lake-grpo to be preempted")
     print(json.dumps({"e2e_preempted": waiting}))

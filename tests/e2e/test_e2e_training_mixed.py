@@ -153,7 +153,7 @@ def test_two_cpu_runs_share_a_kueue_queue_over_several_pools_and_a_users_own_loo
         )
         operator.create(gymkube_path("trainingruns", namespace), own)
         waiting = wait_until(
-            suspended_while_queued(operator, namespace, own_name),
+            suspended_while_queued(operator, namespace, own_name, "insufficient unused quota"),
             timeout=300,
             what=f"{own_name} to be Queued",
         )
