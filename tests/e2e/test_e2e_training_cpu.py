@@ -35,6 +35,7 @@ from e2e_cluster import (
 from gymkube_agentloop.train import PROGRESS_PREFIX
 from gymkube_dev import chart
 from gymkube_dev.chart import release_selector
+from gymkube_envserver.router.settings import RouterSettings
 
 # The two training runs take several minutes each on a 2-core node.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2700)]
@@ -46,7 +47,12 @@ TRAINING_TIMEOUT_S = 1500.0
 
 
 # The test pool's watchdog finds a frozen server within PROBE x THRESHOLD s.
-DETECTION_S = FAST_WATCHDOG["probePeriodSeconds"] * FAST_WATCHDOG["failureThreshold"]
+# A frozen server's sessions get their 410 (and are replayed) after the router's dead window;
+# the watchdog replaces the server after its probes.
+DETECTION_S = max(
+    RouterSettings.model_fields["dead_after_seconds"].default,
+    FAST_WATCHDOG["probePeriodSeconds"] * FAST_WATCHDOG["failureThreshold"],
+)
 
 
 def _pool(replicas: int = 1) -> dict[str, Any]:

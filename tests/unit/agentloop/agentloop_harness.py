@@ -98,7 +98,7 @@ class Router(ServerProcess):
 
     def __init__(self, *backends: EnvServer) -> None:
         addresses = ",".join(backend.address for backend in backends)
-        fast = ["--poll-interval", "0.2", "--poll-timeout", "0.5", "--dead-after", "2"]
+        fast = ["--poll-interval", "0.2", "--dead-after-seconds", "1"]
         super().__init__("gymkube-router", "--backends", addresses, *fast)
 
 

@@ -19,7 +19,7 @@ from gymkube_dev.ports import free_port
 
 STARTUP_TIMEOUT = 60.0
 # Fast polling so the tests see pool changes quickly; production defaults are slower.
-FAST_POLLING = ["--poll-interval", "0.2", "--poll-timeout", "0.5", "--dead-after", "2"]
+FAST_POLLING = ["--poll-interval", "0.2", "--dead-after-seconds", "1"]
 
 
 @dataclass

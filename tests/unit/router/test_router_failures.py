@@ -8,12 +8,14 @@ import time
 
 import httpx
 import pytest
+from gymkube_envserver.router.pool import token_address
 from router_harness import Procs, play_until_done, wait_all
 
 pytestmark = pytest.mark.unit
 
 LOST_WITHIN_S = 2.0
 HUNG_LOST_WITHIN_S = 5.0
+SILENT_S = 3.0
 
 
 def open_sessions(http: httpx.Client, count: int) -> list[str]:
@@ -98,10 +100,51 @@ def test_hung_backend_answers_410_for_a_step_in_flight(procs: Procs) -> None:
             play_until_done(http, session_id)
 
 
+def test_a_server_silent_for_a_few_seconds_keeps_its_sessions(procs: Procs) -> None:
+    # A CPU-starved server on a busy training node answers late, not never: with production
+    # settings (dead after 10 s of silence) a 3 s stall, a step in flight through it, costs
+    # nothing. (The rule before, two failed 1 s polls, lost these sessions.)
+    slow, other = procs.env_server(max_sessions=1), procs.env_server(max_sessions=1)
+    router = procs.router_for([slow, other], fast_polling=False)
+    wait_all(slow, other, router)
+    with httpx.Client(base_url=router.url, timeout=30.0) as http:
+        sessions = open_sessions(http, 2)
+        slow.signal(signal.SIGSTOP)
+        resume = threading.Timer(SILENT_S, slow.signal, (signal.SIGCONT,))
+        resume.start()
+        try:
+            outcomes = [step_once(http, session_id) for session_id in sessions]
+        finally:
+            resume.join()
+        for response, _ in outcomes:
+            assert response.status_code == 200, response.text
+        assert max(took for _, took in outcomes) >= SILENT_S - 0.5
+        for session_id in sessions:
+            play_until_done(http, session_id)
+            assert http.post("/close", json={"id": session_id}).status_code == 200
+
+
+def test_a_server_that_stops_answering_gets_no_new_sessions(procs: Procs) -> None:
+    silent, other = procs.env_server(max_sessions=2), procs.env_server(max_sessions=2)
+    router = procs.router_for([silent, other], fast_polling=False)
+    wait_all(silent, other, router)
+    with httpx.Client(base_url=router.url, timeout=30.0) as http:
+        silent.signal(signal.SIGSTOP)
+        try:
+            time.sleep(2.5)  # two and a half poll intervals, well inside the dead window
+            created = [http.post("/create", json={}) for _ in range(2)]
+        finally:
+            silent.signal(signal.SIGCONT)
+        for response in created:
+            assert response.status_code == 200, response.text
+            token = response.json()["id"].partition(".")[0]
+            assert token_address(token) == other.address
+
+
 def test_a_call_past_the_request_timeout_fails_instead_of_hanging(procs: Procs) -> None:
     stuck = procs.env_server(max_sessions=1)
     # A server that still counts as alive (polls may fail 1000 times) but never answers.
-    router = procs.router_for([stuck], "--dead-after", "1000", "--request-timeout", "1.5")
+    router = procs.router_for([stuck], "--dead-after-seconds", "1000", "--request-timeout", "1.5")
     wait_all(stuck, router)
     with httpx.Client(base_url=router.url, timeout=30.0) as http:
         [session_id] = open_sessions(http, 1)

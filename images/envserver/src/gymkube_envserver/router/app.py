@@ -241,6 +241,7 @@ class Router:
                     reply = await self._upstream.call(
                         backend.host, backend.port, raw, fresh=attempt == 2
                     )
+                    backend.heard()
                     return reply.status, reply.body, passed_headers(reply)
                 except ConnectFailed:
                     backend.errors += 1
@@ -388,7 +389,10 @@ class Router:
                 upstream = await self._ws_client.ws_connect(
                     f"http://{backend.address}{TUNNEL_ENDPOINT}",
                     headers={PLACEMENT_HEADER: "1"},
-                    heartbeat=self.settings.ws_heartbeat,
+                    # aiohttp waits half of this for a pong: the pool's dead window, so a slow
+                    # server keeps its sockets as long as its HTTP sessions; a silent one's
+                    # sockets are ended by the pool when it finds the server dead.
+                    heartbeat=2 * self.settings.dead_after_seconds,
                     autoping=True,
                     compress=0,
                     max_msg_size=0,

@@ -82,6 +82,8 @@ class Backend:
     # Gone from DNS: gets no new sessions, dropped at its first failed poll.
     retired: bool = False
     failures: int = 0
+    # When it last answered anything, a poll or a proxied call (time.monotonic()).
+    heard_at: float = field(default_factory=time.monotonic)
     last_error: str | None = None
     last_poll_at: float | None = None
     # Sessions this replica is placing here now: the server may or may not count them yet.
@@ -134,6 +136,12 @@ class Backend:
 
     def session_id(self, backend_id: str) -> str:
         return f"{self.token}.{backend_id}"
+
+    def heard(self) -> None:
+        self.heard_at = time.monotonic()
+
+    def silent_for(self) -> float:
+        return time.monotonic() - self.heard_at
 
 
 class Pool:
@@ -203,14 +211,20 @@ class Pool:
     # -- placement -------------------------------------------------------------------------
 
     def pick(self, exclude: set[Backend]) -> Backend | None:
-        """The placeable backend with the most free slots, warm envs breaking ties."""
+        """The placeable backend with the most free slots, warm envs breaking ties.
+
+        A server silent for two poll intervals gets new sessions only when no other has room:
+        it may be frozen (its sessions are lost when the dead window ends) or only slow.
+        """
         best: Backend | None = None
-        best_key = (0, 0)
+        best_key = (False, 0, 0)
+        quiet_limit = 2 * self._settings.poll_interval
         for backend in self.backends.values():
-            if backend in exclude or not backend.placeable:
+            if backend in exclude or not backend.placeable or backend.free <= 0:
                 continue
-            key = (backend.free, backend.status.warm if backend.status else 0)
-            if key[0] > 0 and (best is None or key > best_key):
+            answering = backend.silent_for() <= quiet_limit
+            key = (answering, backend.free, backend.status.warm if backend.status else 0)
+            if best is None or key > best_key:
                 best, best_key = backend, key
         return best
 
@@ -320,8 +334,15 @@ class Pool:
         unreported_before = backend.unreported
         openenv = self._settings.backend_protocol == "openenv"
         path = b"/health" if openenv else b"/status"
+        # A poll waits for its answer until the server has been silent for the dead window: a
+        # slow server's late answer is heard, and a silent one is found dead when it ends. A
+        # server already dead or gone from DNS gets one poll interval.
+        window_left = self._settings.dead_after_seconds - backend.silent_for()
+        wait = (
+            window_left if window_left > 0 and not backend.retired else self._settings.poll_interval
+        )
         try:
-            async with asyncio.timeout(self._settings.poll_timeout):
+            async with asyncio.timeout(wait):
                 reply = await self._upstream.call(
                     backend.host,
                     backend.port,
@@ -332,6 +353,7 @@ class Pool:
             return
         payload, code = reply.body, reply.status
         backend.failures = 0
+        backend.heard()
         backend.last_poll_at = time.time()
         if backend.dead:
             log.info("backend %s answers again", backend.address)
@@ -379,7 +401,7 @@ class Pool:
         if backend.retired:
             self._drop(backend)
         elif (isinstance(exc, ConnectFailed) and exc.refused) or (
-            backend.failures >= self._settings.dead_after
+            backend.silent_for() >= self._settings.dead_after_seconds
         ):
             # Refused means nothing listens, so whatever sessions it held are gone.
             self._lose(backend, f"does not answer ({backend.last_error})")

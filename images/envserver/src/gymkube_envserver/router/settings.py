@@ -52,13 +52,13 @@ class RouterSettings(BaseSettings):
     poll_interval: float = Field(
         default=1.0, gt=0, description="Seconds between /status polls of each backend."
     )
-    poll_timeout: float = Field(
-        default=1.0, gt=0, description="Seconds a /status poll may take before it counts failed."
-    )
-    dead_after: int = Field(
-        default=2,
-        ge=1,
-        description="Failed polls in a row after which a backend's sessions are lost (410).",
+    dead_after_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds a backend may go without answering anything (a /status poll, a "
+        "proxied call) before its sessions are lost (410, WebSocket 4410). A slow server that "
+        "still answers within it keeps them, as a CPU-starved one on a busy node does; a "
+        "refused connect loses them at once.",
     )
     connect_timeout: float = Field(
         default=0.5,
@@ -87,12 +87,6 @@ class RouterSettings(BaseSettings):
         "autoscaled pool, full or at zero (the operator counts held creates and starts servers "
         "for them); with it set, /readyz is ready without env servers. 0: only --create-wait / "
         "--ws-create-wait.",
-    )
-    ws_heartbeat: float = Field(
-        default=1.0,
-        gt=0,
-        description="Seconds of silence on a tunnelled WebSocket before the router pings the env "
-        "server; no pong within half of it and the client's socket closes with 4410.",
     )
     retry_after: int = Field(
         default=2, ge=1, description="Retry-After seconds sent with 503 when the pool is full."
