@@ -153,6 +153,8 @@ start_containerd() {
 		  [plugins."io.containerd.grpc.v1.cri".cni]
 		    bin_dir = "$CNI_BIN_DIR"
 		    conf_dir = "$CNI_CONF_DIR"
+		  [plugins."io.containerd.grpc.v1.cri".registry]
+		    config_path = "$REGISTRY_HOSTS_DIR"
 	TOML
 	if ! is_running containerd; then
 		start_component containerd containerd --config "$config"

@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # The e2e suite's registry: the CNCF distribution registry (built by hack/build-tools.sh, in an
-# image on gymkube's base), as a container on the kind cluster's Docker network, so the node's
-# kubelet pulls gymkube's images the way a user's cluster does.
+# image on gymkube's base), as a Docker container beside the cluster, so the node's kubelet pulls
+# gymkube's images the way a user's cluster does. CLUSTER is kind (default) or local
+# (hack/local-cluster.sh).
 #
-#   hack/registry.sh up      # the registry running, the kind node told where it is
-#   hack/registry.sh push    # the images pushed (make push REGISTRY=localhost:5001)
-#   hack/registry.sh down    # the registry container removed
-#   hack/registry.sh address # localhost:5001
+#   hack/registry.sh up [CLUSTER]    # the registry running, the node's containerd told where it is
+#   hack/registry.sh push [CLUSTER]  # the images pushed (make push REGISTRY=localhost:5001)
+#   hack/registry.sh down            # the registry container removed
+#   hack/registry.sh address         # localhost:5001
 #
-# Both Docker here and the node name it localhost:5001 (Docker publishes it on 127.0.0.1; the
-# node's containerd maps it to http://gymkube-registry:5000 on the kind network), so one image
-# name works for the push and for the pull. Plain HTTP: Docker allows it for localhost.
+# Both Docker here and the node name it localhost:5001 (Docker publishes it on 127.0.0.1; a kind
+# node's containerd maps it to http://gymkube-registry:5000 on the kind network, the local
+# cluster's containerd, a process on this host, reaches it where it is), so one image name works
+# for the push and for the pull. Plain HTTP: Docker allows it for localhost.
 set -euo pipefail
 HACK_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=lib/kind-common.sh
@@ -21,12 +23,35 @@ REGISTRY=localhost:5001
 CONTAINER=gymkube-registry
 IMAGE=gymkube/e2e-registry:$DISTRIBUTION_VERSION
 NODE=$KIND_NAME-control-plane
+CLUSTER=${2:-kind}
 # What `docker push` sends (compressed, so the node downloads it for real): the images of the
 # operator and of a pool. The others are pushed from the node's own store instead, as they are
 # (gzip of the CPU trainer's 7 GB would take many minutes on 2 cores), so their pull fetches
 # only the manifests.
 DOCKER_PUSHED=(operator envserver router)
 NODE_PUSHED=(preflight trainer-cpu)
+
+# Where the node's containerd runs, how it names the registry, and where it reads registry hosts.
+case $CLUSTER in
+kind)
+	node_sh() { docker exec -i "$NODE" sh -c "$1"; }
+	NODE_CTR="ctr -n k8s.io"
+	NODE_SERVER=http://$CONTAINER:5000
+	HOSTS_DIR=/etc/containerd/certs.d
+	NETWORK=(--network kind)
+	;;
+local)
+	node_sh() { sh -c "$1"; }
+	NODE_CTR="ctr --address $CONTAINERD_SOCK -n k8s.io"
+	NODE_SERVER=http://$REGISTRY
+	HOSTS_DIR=$REGISTRY_HOSTS_DIR
+	NETWORK=()
+	;;
+*)
+	echo "registry: error: CLUSTER=$CLUSTER (kind or local)" >&2
+	exit 2
+	;;
+esac
 
 say() { printf 'registry: %s\n' "$*" >&2; }
 
@@ -47,20 +72,26 @@ build_image() {
 
 node_hosts() {
 	# containerd reads certs.d at each pull: no restart.
-	docker exec -i "$NODE" sh -c "mkdir -p /etc/containerd/certs.d/$REGISTRY &&
-		cat >/etc/containerd/certs.d/$REGISTRY/hosts.toml" <<HOSTS
-server = "http://$CONTAINER:5000"
-[host."http://$CONTAINER:5000"]
+	node_sh "mkdir -p $HOSTS_DIR/$REGISTRY && cat >$HOSTS_DIR/$REGISTRY/hosts.toml" <<HOSTS
+server = "$NODE_SERVER"
+[host."$NODE_SERVER"]
   capabilities = ["pull", "resolve", "push"]
 HOSTS
 }
 
+cluster_up() {
+	case $CLUSTER in
+	kind) kind_cluster_exists ;;
+	local) hack/local-cluster.sh status >/dev/null 2>&1 ;;
+	esac
+}
+
 up() {
-	kind_cluster_exists || { say "error: no kind cluster $KIND_NAME (hack/kind-up.sh)"; exit 2; }
+	cluster_up || { say "error: no $CLUSTER cluster is up (make up, or hack/test-e2e.sh prepare)"; exit 2; }
 	build_image
 	if [[ $(docker inspect --format '{{.State.Running}}' "$CONTAINER" 2>/dev/null) != true ]]; then
 		docker rm -f "$CONTAINER" >/dev/null 2>&1 || true
-		docker run -d --name "$CONTAINER" --network kind -p "127.0.0.1:${REGISTRY#*:}:5000" \
+		docker run -d --name "$CONTAINER" "${NETWORK[@]}" -p "127.0.0.1:${REGISTRY#*:}:5000" \
 			--restart unless-stopped "$IMAGE" >/dev/null
 	fi
 	for _ in $(seq 50); do
@@ -69,16 +100,15 @@ up() {
 	done
 	curl -fsS -o /dev/null "http://$REGISTRY/v2/" || { say "error: $CONTAINER does not answer on $REGISTRY"; exit 1; }
 	node_hosts
-	say "up: $REGISTRY (container $CONTAINER on the kind network)"
+	say "up: $REGISTRY (container $CONTAINER, for the $CLUSTER cluster)"
 }
 
 # A node that pulled from the registry in an earlier run (a kind cluster kept up between runs)
 # still holds those images under the same names: the kubelet (IfNotPresent) would start them, an
 # older build, and pull nothing. Forgotten before each push, so the suite pulls what it pushed.
 forget_pulled() {
-	docker exec "$NODE" sh -c "ctr -n k8s.io images ls -q | grep '^$REGISTRY/' |
-		xargs -r ctr -n k8s.io images rm >/dev/null" ||
-		{ say "error: removing the images $NODE pulled from $REGISTRY earlier failed"; exit 1; }
+	node_sh "$NODE_CTR images ls -q | grep '^$REGISTRY/' | xargs -r $NODE_CTR images rm >/dev/null" ||
+		{ say "error: removing the images the $CLUSTER node pulled from $REGISTRY earlier failed"; exit 1; }
 }
 
 push() {
@@ -89,10 +119,10 @@ push() {
 	for name in "${NODE_PUSHED[@]}"; do
 		ref=$REGISTRY/gymkube/$name:$tag
 		# Tagged only for the push, then untagged: the kubelet must not find it under that name.
-		docker exec "$NODE" sh -c "ctr -n k8s.io images tag --force docker.io/gymkube/$name:$tag $ref >/dev/null &&
-			ctr -n k8s.io images push --hosts-dir /etc/containerd/certs.d $ref docker.io/gymkube/$name:$tag >/dev/null;
-			rc=\$?; ctr -n k8s.io images rm $ref >/dev/null; exit \$rc" ||
-			{ say "error: pushing $ref from $NODE failed"; exit 1; }
+		node_sh "$NODE_CTR images tag --force docker.io/gymkube/$name:$tag $ref >/dev/null &&
+			$NODE_CTR images push --hosts-dir $HOSTS_DIR $ref docker.io/gymkube/$name:$tag >/dev/null;
+			rc=\$?; $NODE_CTR images rm $ref >/dev/null; exit \$rc" ||
+			{ say "error: pushing $ref from the $CLUSTER node's image store failed"; exit 1; }
 	done
 	say "pushed ${DOCKER_PUSHED[*]} ${NODE_PUSHED[*]} in $((SECONDS - start)) s"
 }
@@ -105,7 +135,7 @@ push) push ;;
 down) down ;;
 address) echo "$REGISTRY" ;;
 *)
-	echo "usage: $0 up|push|down|address" >&2
+	echo "usage: $0 up|push [kind|local] | down | address" >&2
 	exit 2
 	;;
 esac

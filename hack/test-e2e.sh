@@ -60,7 +60,7 @@ choose_cluster() {
 }
 
 # cluster=kind|local, started_here=true|false, kubeconfig=PATH, controllers=true (KubeRay and
-# Kueue installed) and registry=HOST:PORT (kind), one per line.
+# Kueue installed) and registry=HOST:PORT, one per line.
 E2E_STATE=out/e2e/cluster.env
 
 state() { sed -n "s/^$1=//p" "$E2E_STATE" 2>/dev/null; }
@@ -88,11 +88,9 @@ prepare() {
 	# The GPU cluster's controllers, for the runs that queue in Kueue and train as a RayJob.
 	hack/controllers.sh install "$cluster"
 	printf 'controllers=true\n' >>"$E2E_STATE"
-	if [[ $cluster == kind ]]; then
-		# A registry beside it for the test that pulls the images (pushed by `run`).
-		hack/registry.sh up
-		printf 'registry=%s\n' "$(hack/registry.sh address)" >>"$E2E_STATE"
-	fi
+	# A registry beside it for the test that pulls the images (pushed by `run`).
+	hack/registry.sh up "$cluster"
+	printf 'registry=%s\n' "$(hack/registry.sh address)" >>"$E2E_STATE"
 }
 
 run() {
@@ -101,7 +99,7 @@ run() {
 	[[ -n $kubeconfig ]] || { say "error: no cluster is ready for e2e; run \`$0 prepare\` first"; exit 2; }
 	# Here, not in prepare: gzip of the pushed layers takes both cores for a minute or more, which
 	# made Ray time out starting in a pytest run beside `make test`'s prepare.
-	[[ -z $(state registry) ]] || hack/registry.sh push
+	[[ -z $(state registry) ]] || hack/registry.sh push "$(state cluster)"
 	GYMKUBE_E2E_KUBECONFIG=$kubeconfig GYMKUBE_E2E_IMAGE_TAG=$tag GYMKUBE_E2E_REGISTRY=$(state registry) \
 		GYMKUBE_E2E_CONTROLLERS=$(state controllers | grep . || echo false) \
 		.venv/bin/python -m pytest -m e2e --durations=0 tests/e2e "$@"
@@ -111,7 +109,7 @@ down() {
 	if [[ $(state started_here) == true ]]; then
 		case $(state cluster) in
 		kind) hack/registry.sh down && hack/kind-down.sh ;;
-		local) hack/local-cluster.sh down ;;
+		local) hack/registry.sh down && hack/local-cluster.sh down ;;
 		esac
 	fi
 	rm -f "$E2E_STATE"

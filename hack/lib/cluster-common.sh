@@ -26,6 +26,8 @@ KUBELET_ROOT=$CLUSTER_DIR/kubelet
 CONTAINERD_ROOT=$CLUSTER_DIR/containerd
 CONTAINERD_STATE=$RUN_DIR/containerd
 CONTAINERD_SOCK=$RUN_DIR/containerd.sock
+# Registry hosts (hosts.toml per registry) the local cluster's containerd reads at each pull.
+REGISTRY_HOSTS_DIR=$CONF_DIR/certs.d
 CNI_CONF_DIR=$CLUSTER_DIR/cni/net.d
 CNI_IPAM_DIR=$CLUSTER_DIR/cni/ipam
 CNI_BIN_DIR=${GYMKUBE_CNI_BIN_DIR:-/usr/lib/cni}

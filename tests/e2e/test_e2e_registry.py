@@ -140,7 +140,9 @@ def test_an_upgrade_to_images_from_a_registry_loses_no_session_of_a_serving_pool
     operator: Cluster, settings: E2ESettings, namespace: str
 ) -> None:
     if not settings.registry:
-        pytest.skip("no registry beside this cluster (hack/registry.sh runs one beside kind)")
+        pytest.skip(
+            "no registry beside this cluster (GYMKUBE_E2E_REGISTRY; hack/test-e2e.sh runs one)"
+        )
     registry = settings.registry
     pool = envpool_manifest(
         "lake",
