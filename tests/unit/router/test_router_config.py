@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from gymkube_envserver.router.bodies import swap_id
@@ -140,3 +142,20 @@ def test_the_router_loads_without_the_env_servers_web_framework() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     ).stdout.strip()
     assert loaded == "[]"
+
+
+def test_the_settings_table_in_docs_is_the_routers_flags_with_their_defaults() -> None:
+    doc = (Path(__file__).parents[3] / "docs" / "router.md").read_text()
+    section = doc.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
+    documented: dict[str, str] = {}
+    for cells in (line.split("|") for line in section.splitlines() if line.startswith("| `--")):
+        flags = re.findall(r"`(--[a-z-]+)`", cells[1])
+        # "`--host`, `--port` | `0.0.0.0`, `8080`": one default per flag, words after them.
+        said = [word.strip("`") for word in re.split(r",?\s+", cells[2].strip())]
+        documented.update(zip(flags, said, strict=False))
+    settings = {"--" + name.replace("_", "-"): f for name, f in RouterSettings.model_fields.items()}
+    assert sorted(documented) == sorted(settings)
+    for flag, said in documented.items():
+        default = settings[flag].get_default(call_default_factory=True)
+        if default not in (None, []):
+            assert said == (f"{default:g}" if isinstance(default, float) else str(default)), flag
