@@ -543,7 +543,7 @@ def suspended_while_queued(
 ) -> Callable[[], Object | None]:
     """The run's Suspended condition once the run is Queued and its message says `says`, Kueue's
     words: Kueue makes the Workload a moment after the operator creates the child and writes why it
-    waits a moment later, and the run reads the Workload again on its next pass."""
+    waits a moment later, which wakes the run to read it again."""
 
     def queued() -> Object | None:
         found = operator.get(gymkube_path("trainingruns", namespace, run)) or {}

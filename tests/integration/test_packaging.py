@@ -69,7 +69,7 @@ OPERATOR_NEEDS: frozenset[tuple[str, str, str]] = frozenset(
        for group, kind in (("batch", "jobs"), ("ray.io", "rayjobs"))}
     | {(verb, "", "events") for verb in ("create", "list")}
     # A queued run's Kueue Workload, and its place in the LocalQueue.
-    | {("list", "kueue.x-k8s.io", "workloads")}
+    | {(verb, "kueue.x-k8s.io", "workloads") for verb in ("list", "watch")}
     | {("get", "visibility.kueue.x-k8s.io", "localqueues/pendingworkloads")}
 )  # fmt: skip
 # Things a compromised operator must not be able to do anywhere.

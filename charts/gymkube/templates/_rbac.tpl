@@ -70,10 +70,11 @@ tests/integration/test_packaging.py checks these rules against the operator's ne
   resources: ["rayjobs"]
   verbs: ["get", "list", "watch", "create", "patch"]
 # A run queued in Kueue reads the Workload Kueue made for its Job or RayJob (why it waits, or was
-# preempted) and its position in the LocalQueue from Kueue's visibility API.
+# preempted; watched, so the run says so at once) and its position in the LocalQueue from Kueue's
+# visibility API.
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
-  verbs: ["list"]
+  verbs: ["list", "watch"]
 - apiGroups: ["visibility.kueue.x-k8s.io"]
   resources: ["localqueues/pendingworkloads"]
   verbs: ["get"]

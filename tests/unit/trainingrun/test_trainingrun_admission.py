@@ -85,3 +85,14 @@ def test_the_place_in_the_queue_is_read_from_kueues_pending_list() -> None:
     assert admission.pending_workloads_path("rl", "lq") == (
         "/apis/visibility.kueue.x-k8s.io/v1beta2/namespaces/rl/localqueues/lq/pendingworkloads"
     )
+
+
+def test_a_workload_wakes_the_run_whose_training_child_owns_it() -> None:
+    # Kueue's Workload for a Job that is no run's child wakes nothing...
+    workload = CAPTURED["pending"]
+    assert admission.runs_owning(workload) == []
+    # ...and the same Workload, owned by a run's training Job, wakes that run.
+    owner = {**workload["metadata"]["ownerReferences"][0], "name": "grpo-train"}
+    owned = {**workload, "metadata": {**workload["metadata"], "ownerReferences": [owner]}}
+    assert admission.runs_owning(owned) == ["grpo"]
+    assert admission.runs_owning({"metadata": {}}) == []

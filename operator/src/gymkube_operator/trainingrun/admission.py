@@ -13,8 +13,10 @@ from gymkube_operator.conditions import one_line
 from gymkube_operator.objects import Object
 from gymkube_operator.trainingrun.readings import object_condition, true_condition
 from gymkube_operator.trainingrun.reasons import Reason
+from gymkube_operator.trainingrun.render import training_name
 
-KUEUE_API = "kueue.x-k8s.io/v1beta2"
+KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
+KUEUE_API = f"{KUEUE_GROUP}/{KUEUE_VERSION}"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 VISIBILITY_API = "visibility.kueue.x-k8s.io/v1beta2"
 
@@ -26,6 +28,18 @@ class Admission:
 
     workload: Object | None = None
     position: int | None = None
+
+
+def runs_owning(workload: Object) -> list[str]:
+    """The runs whose training child (a Job or RayJob `<run>-train`) owns this Workload."""
+    suffix = training_name("")
+    return [
+        name[: -len(suffix)]
+        for ref in workload.get("metadata", {}).get("ownerReferences") or []
+        if ref.get("kind") in ("Job", "RayJob")
+        and len(name := str(ref.get("name", ""))) > len(suffix)
+        and name.endswith(suffix)
+    ]
 
 
 def workload_selector(child: Object) -> str:

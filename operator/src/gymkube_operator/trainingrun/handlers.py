@@ -285,7 +285,12 @@ def next_pass(settings: OperatorSettings, plan: lifecycle.Plan | None) -> float 
 
 
 # The event handlers that only wake a run's daemon (main.QuietWakers keeps its log lines out).
-RUN_WAKERS = ("trainingrun_changed", "trainingrun_child_changed", "trainingrun_pool_changed")
+RUN_WAKERS = (
+    "trainingrun_changed",
+    "trainingrun_child_changed",
+    "trainingrun_pool_changed",
+    "trainingrun_workload_changed",
+)
 
 
 def _register_wakers(registry: kopf.OperatorRegistry, training_runs: runs.Runs) -> None:
@@ -309,6 +314,21 @@ def _register_wakers(registry: kopf.OperatorRegistry, training_runs: runs.Runs) 
     @kopf.on.event(GROUP, VERSION, "envpools", id=RUN_WAKERS[2], registry=registry)
     async def trainingrun_pool_changed(namespace: str | None, name: str, **_: Any) -> None:
         training_runs.wake_runs_on(namespace, name)
+
+    # Kueue writes why a run waits (or was preempted) on its Workload: shown at once, not at the
+    # next resync. Inactive where Kueue is not installed, as the RayJob waker is without KubeRay.
+    @kopf.on.event(
+        admission.KUEUE_GROUP,
+        admission.KUEUE_VERSION,
+        "workloads",
+        id=RUN_WAKERS[3],
+        registry=registry,
+    )
+    async def trainingrun_workload_changed(
+        namespace: str | None, body: kopf.Body, **_: Any
+    ) -> None:
+        for run in admission.runs_owning(dict(body)):
+            training_runs.wake((namespaced(namespace), run))
 
 
 def register(registry: kopf.OperatorRegistry, rt: Runtime) -> None:
