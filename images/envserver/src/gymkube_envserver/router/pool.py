@@ -81,7 +81,6 @@ class Backend:
     dead: bool = False
     # Gone from DNS: gets no new sessions, dropped at its first failed poll.
     retired: bool = False
-    failures: int = 0
     # When it last answered anything, a poll or a proxied call (time.monotonic()).
     heard_at: float = field(default_factory=time.monotonic)
     last_error: str | None = None
@@ -352,7 +351,6 @@ class Pool:
             self._unreachable(backend, exc)
             return
         payload, code = reply.body, reply.status
-        backend.failures = 0
         backend.heard()
         backend.last_poll_at = time.time()
         if backend.dead:
@@ -396,7 +394,6 @@ class Pool:
         )
 
     def _unreachable(self, backend: Backend, exc: BaseException) -> None:
-        backend.failures += 1
         backend.last_error = f"{type(exc).__name__}: {exc}"
         if backend.retired:
             self._drop(backend)
