@@ -360,7 +360,6 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ),
     ("negative TTL", {"ttlSecondsAfterFinished": -1}, "spec.ttlSecondsAfterFinished"),
     ("unknown device", {"device": "tpu"}, 'spec.device: Unsupported value: "tpu"'),
-    ("cpu on two nodes", {"device": "cpu", "nodes": 2}, "device cpu trains on one node"),
     (
         "waiting forever",
         {"envPoolTimeoutSeconds": 0},

@@ -244,10 +244,20 @@ def test_the_example_passes_verls_own_validation(
     )
 
 
-def test_ray_entrypoint_is_the_same_command_as_one_shell_string() -> None:
+def test_ray_entrypoint_is_the_wrapped_command_reading_the_files_every_node_names() -> None:
     run = target({"nodes": 2, "overrides": ["trainer.project_name='my runs'"]})
-    assert shlex.split(command.verl_entrypoint(run)) == command.verl_command(run)
+    entrypoint = shlex.split(command.ray_entrypoint(run))
+    wrapper, *rest = command.trainer_command(run)
+    files = ["--metrics-file", command.RAY_METRICS_FILE, "--episode-log", command.RAY_EPISODE_LOG]
+    assert entrypoint == [wrapper, *files, *rest]
+    assert entrypoint[-len(command.verl_command(run)) :] == command.verl_command(run)
     assert command.verl_command(run)[:3] == ["python3", "-m", "verl.trainer.main_ppo"]
+    # The wrapper passes its files to verl's driver; Ray's workers read them from their node's
+    # environment, which names the same (the wrapper's own option names are checked against it).
+    from gymkube_agentloop.episode_log import EPISODE_LOG_ENV
+    from gymkube_agentloop.train import METRICS_ENV
+
+    assert set(command.RAY_RUN_FILES) == {METRICS_ENV, EPISODE_LOG_ENV}
 
 
 def test_agent_loop_yaml_names_the_gymkube_loop_with_settings_it_accepts() -> None:

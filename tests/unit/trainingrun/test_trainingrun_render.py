@@ -209,23 +209,64 @@ def test_several_nodes_are_a_rayjob_with_a_gpu_head_and_workers() -> None:
     rayjob = render.training_child(run)
     assert (rayjob["apiVersion"], rayjob["kind"]) == ("ray.io/v1", "RayJob")
     spec = rayjob["spec"]
-    assert shlex.split(spec["entrypoint"]) == command.verl_command(run)
+    assert spec["entrypoint"] == command.ray_entrypoint(run)
     assert "trainer.nnodes=4" in spec["entrypoint"]
     assert spec["shutdownAfterJobFinishes"] is True
     assert (spec["backoffLimit"], spec["activeDeadlineSeconds"]) == (1, 3600)
     cluster = spec["rayClusterSpec"]
+    assert cluster["headGroupSpec"]["rayStartParams"] == {"dashboard-host": "0.0.0.0"}
     head = cluster["headGroupSpec"]["template"]["spec"]
     (group,) = cluster["workerGroupSpecs"]
     assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 3
+    assert group["rayStartParams"] == {}
     worker = group["template"]["spec"]
-    for pod in (head, worker):
+    for pod, health in ((head, render.RAY_HEAD_HEALTH), (worker, render.RAY_NODE_HEALTH)):
         (container,) = pod["containers"]
         assert container["resources"]["limits"]["nvidia.com/gpu"] == 8
         assert "command" not in container  # KubeRay starts Ray itself
         assert "terminationMessagePolicy" not in container
+        # Probes of our own: KubeRay's run wget, which the trainer images do not carry.
+        assert container["readinessProbe"]["httpGet"] == health
+        assert container["livenessProbe"]["httpGet"] == health
+        # Ray's workers (verl's driver among them) write the files gymkube-train reads.
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert command.RAY_RUN_FILES.items() <= env.items()
         assert [c["name"] for c in pod["initContainers"]] == ["dataset-train", "dataset-val"]
         assert by_name(pod["volumes"])["shm"]["emptyDir"]["medium"] == "Memory"
         assert "restartPolicy" not in pod
+    # KubeRay's submitter pod, which follows the trainer's log, is read like a Job's trainer.
+    submitter = spec["submitterPodTemplate"]["spec"]
+    (container,) = submitter["containers"]
+    assert container["name"] == render.TRAINER
+    assert container["image"] == head["containers"][0]["image"]
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert "command" not in container  # KubeRay's `ray job submit`, then `ray job logs --follow`
+    assert "nvidia.com/gpu" not in container["resources"].get("limits", {})
+
+
+def test_a_cpu_rayjob_makes_each_ray_node_one_made_up_gpu() -> None:
+    """On CPU KubeRay starts Ray on every node with the made-up GPU verl's pools need; verl only
+    connects, so the one-node ray.init settings are left out (Ray refuses them on connect)."""
+    run = target(nodes=2, device="cpu")
+    spec = render.training_child(run)["spec"]
+    cluster = spec["rayClusterSpec"]
+    made_up = {"num-gpus": "1", "num-cpus": str(device.LOGICAL_CPUS)}
+    assert cluster["headGroupSpec"]["rayStartParams"] == {"dashboard-host": "0.0.0.0", **made_up}
+    assert cluster["workerGroupSpecs"][0]["rayStartParams"] == made_up
+    entrypoint = shlex.split(spec["entrypoint"])
+    assert "trainer.nnodes=2" in entrypoint
+    assert "trainer.n_gpus_per_node=1" in entrypoint
+    assert not any("ray_kwargs.ray_init" in arg for arg in entrypoint)
+    for group in (cluster["headGroupSpec"], cluster["workerGroupSpecs"][0]):
+        (container,) = group["template"]["spec"]["containers"]
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert device.CPU_ENV.items() <= env.items()
+        assert "nvidia.com/gpu" not in container["resources"].get("limits", {})
+    one_node = shlex.split(command.ray_entrypoint(target(device="cpu")))
+    assert [a for a in one_node if a not in entrypoint] == [
+        "trainer.nnodes=1",
+        *device.ONE_NODE_CPU_OVERRIDES,
+    ]
 
 
 def test_config_map_holds_the_agent_loop_yaml_and_the_run_settings() -> None:
@@ -292,10 +333,11 @@ def test_cpu_and_gpu_renderings_of_one_spec_differ_by_the_device_settings_alone(
     assert cpu_trainer["resources"]["limits"] == {"memory": "14Gi"}
 
     gpu_command, cpu_command = gpu_trainer["command"], cpu_trainer["command"]
-    assert [a for a in cpu_command if a not in gpu_command] == list(device.CPU_OVERRIDES)
+    cpu_overrides = [*device.CPU_OVERRIDES, *device.ONE_NODE_CPU_OVERRIDES]
+    assert [a for a in cpu_command if a not in gpu_command] == cpu_overrides
     assert [a for a in gpu_command if a not in cpu_command] == ["trainer.n_gpus_per_node=8"]
     # The device's settings come after gymkube's own and before the user's, which still win.
-    assert cpu_command[-1 - len(device.CPU_OVERRIDES) : -1] == list(device.CPU_OVERRIDES)
+    assert cpu_command[-1 - len(cpu_overrides) : -1] == cpu_overrides
     assert cpu_command[-1] == "x.y=1"
 
     def rest(job: dict[str, Any]) -> dict[str, Any]:

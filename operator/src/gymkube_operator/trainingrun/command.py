@@ -66,10 +66,17 @@ def pool_url_var(pool: str) -> str:
 MIN_TOKENS_PER_GPU = 16384
 
 VERL_ENTRYPOINT = ("python3", "-m", "verl.trainer.main_ppo")
-# gymkube-agentloop's wrapper around verl's trainer in a one-node Job: it checks the model path,
-# prints `gymkube-progress` lines from verl's FileLogger and writes the trainer's last error line
-# to the termination log.
+# gymkube-agentloop's wrapper around verl's trainer (a one-node Job's container command, a RayJob's
+# entrypoint): it checks the model path, prints `gymkube-progress` lines from verl's FileLogger and
+# writes the trainer's last error line to the termination log.
 TRAIN_WRAPPER = "gymkube-train"
+# On a RayJob verl's processes are Ray workers that the node's raylet started: they read the files
+# the wrapper follows from the pod's environment, not the wrapper's. These are the variables
+# (verl's FileLogger's, gymkube's agent loop's) and the files every node of a RayJob names; the
+# wrapper on the head reads them there, where verl's driver (its TaskRunner) runs.
+RAY_METRICS_FILE = "/tmp/gymkube-train-metrics.jsonl"
+RAY_EPISODE_LOG = "/tmp/gymkube-train-episodes.jsonl"
+RAY_RUN_FILES = {"VERL_FILE_LOGGER_PATH": RAY_METRICS_FILE, "GYMKUBE_EPISODE_LOG": RAY_EPISODE_LOG}
 # gymkube-train's exit codes that the training Job's podFailurePolicy acts on (the wrapper names
 # them too, as EXIT_STOPPED and EXIT_BAD_INPUT; the operator does not import gymkube-agentloop,
 # so a test holds the two equal).
@@ -255,7 +262,7 @@ def run_overrides(name: str, spec: TrainingRunSpec) -> list[str]:
         # PPO trains a critic; verl's default critic path is a placeholder model.
         ours.append(f"critic.model.path={hydra_string(spec.model.path)}")
     # Each key once: a device setting replaces gymkube's own value in place of adding a second.
-    extra = device.overrides(spec.device)
+    extra = device.overrides(spec)
     replaced = {device.override_key(o) for o in extra}
     ours = [o for o in ours if device.override_key(o) not in replaced]
     return ours + extra + list(spec.overrides)
@@ -281,9 +288,12 @@ def trainer_command(target: RunTarget) -> list[str]:
     ]
 
 
-def verl_entrypoint(target: RunTarget) -> str:
-    """The same command as one shell string, for a RayJob's entrypoint."""
-    return shlex.join(verl_command(target))
+def ray_entrypoint(target: RunTarget) -> str:
+    """A RayJob's entrypoint, one shell string: the same command, reading the files every node's
+    environment names (RAY_RUN_FILES)."""
+    wrapper, *rest = trainer_command(target)
+    files = ["--metrics-file", RAY_METRICS_FILE, "--episode-log", RAY_EPISODE_LOG]
+    return shlex.join([wrapper, *files, *rest])
 
 
 def agent_loop_config(target: RunTarget) -> list[dict[str, Any]]:

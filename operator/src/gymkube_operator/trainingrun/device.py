@@ -1,10 +1,10 @@
 """What `spec.device` changes in a TrainingRun's trainer: one named set of differences.
 
 A gpu run is verl as it comes, with nvidia.com/gpu x gpusPerNode per pod. A cpu run is the same
-rendered command on one node with no GPU: gymkube's CPU support for verl
-(gymkube_agentloop.verl_cpu, loaded through verl's plugin hook) and the settings below, nothing
-else. Pure data and functions, so the difference is tested without a cluster (and the overrides
-against verl 0.9.1's own Hydra config).
+rendered command with no GPU: gymkube's CPU support for verl (gymkube_agentloop.verl_cpu, loaded
+through verl's plugin hook) and the settings below, nothing else; on several nodes (a RayJob) each
+node is one made-up GPU of the Ray cluster KubeRay starts. Pure data and functions, so the
+difference is tested without a cluster (and the overrides against verl 0.9.1's own Hydra config).
 """
 
 from gymkube_operator.objects import Object
@@ -32,16 +32,18 @@ CPU_ENV: dict[str, str] = {
     "RAY_memory_monitor_refresh_ms": "0",
 }
 
+# verl makes its resource pools with use_gpu=True: each node is one made-up GPU of Ray's (Ray finds
+# none, and verl's pools would never fit), with logical CPUs for Ray's scheduling, so that verl's
+# actors fit however few cores the pod has.
+MADE_UP_GPUS = 1
+LOGICAL_CPUS = 16
+
 # Hydra overrides on CPU, after gymkube's own (replacing any of its keys) and before the user's.
 CPU_OVERRIDES: tuple[str, ...] = (
     # Tensors and process groups on the CPU.
     "trainer.device=cpu",
-    # verl makes its resource pools with use_gpu=True: one worker on one made-up GPU (below).
-    "trainer.n_gpus_per_node=1",
-    # The made-up GPU: Ray finds none on this node, and verl's pools would never fit.
-    "+ray_kwargs.ray_init.num_gpus=1",
-    # Logical CPUs for Ray's scheduling, so verl's actors fit however few cores the pod has.
-    "ray_kwargs.ray_init.num_cpus=16",
+    # One worker per node, on the node's made-up GPU.
+    f"trainer.n_gpus_per_node={MADE_UP_GPUS}",
     # verl's default attention, flash_attention_2, is CUDA-only.
     "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
     # The actor engine that trained on CPU.
@@ -78,8 +80,26 @@ def override_key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
-def overrides(device: Device) -> list[str]:
-    return list(CPU_OVERRIDES) if device == "cpu" else []
+# On one node verl's driver starts Ray itself, so the made-up resources are its ray.init's. On
+# several, KubeRay has started Ray on every node (ray_start_params) and verl only connects, which
+# takes no resources.
+ONE_NODE_CPU_OVERRIDES: tuple[str, ...] = (
+    f"+ray_kwargs.ray_init.num_gpus={MADE_UP_GPUS}",
+    f"ray_kwargs.ray_init.num_cpus={LOGICAL_CPUS}",
+)
+
+
+def overrides(spec: TrainingRunSpec) -> list[str]:
+    if spec.device != "cpu":
+        return []
+    return list(CPU_OVERRIDES) + (list(ONE_NODE_CPU_OVERRIDES) if spec.nodes == 1 else [])
+
+
+def ray_start_params(device: Device) -> dict[str, str]:
+    """`ray start` flags KubeRay adds on every node of a RayJob: on CPU, the made-up GPU."""
+    if device != "cpu":
+        return {}
+    return {"num-gpus": str(MADE_UP_GPUS), "num-cpus": str(LOGICAL_CPUS)}
 
 
 def env(device: Device) -> list[Object]:

@@ -73,8 +73,9 @@ async def _termination_messages(rt: Runtime, namespace: str, job: str) -> dict[s
 @dataclasses.dataclass(frozen=True)
 class _Training:
     """The training child (None while RayJob is not served), whether the API server serves
-    RayJob (None when not asked), and for a Job its pods, its trainer's log tail and that of the
-    replaced pod whose steps status.history recorded last, while it is still there."""
+    RayJob (None when not asked), and the pods that have the trainer's log (a Job's; KubeRay's
+    submitter pods for a RayJob), its tail and that of the replaced pod whose steps
+    status.history recorded last, while it is still there."""
 
     child: Object | None = None
     rayjob_served: bool | None = None
@@ -158,8 +159,8 @@ async def _training(
     if training is None:
         return _Training(training, served)
     queued = await _admission(rt, namespace, spec, training)
-    if kind != "Job":
-        return _Training(training, served, queued=queued)
+    # A Job's own pods; for a RayJob, those of the Job KubeRay names after it, whose submitter pod
+    # follows the trainer's log on the Ray head.
     pod, earlier = restarts.trainer_pods(await _job_pods(rt, namespace, child_name))
     log = None if pod is None else await _trainer_log(rt, namespace, pod, status.history)
     # The pod whose steps were recorded last, when the Job has replaced it and it is still there:

@@ -48,6 +48,7 @@ from gymkube_operator.trainingrun.readings import (
     reason_word,
     trainer_exited_cleanly,
     trainer_failure,
+    trainer_verdict,
     true_condition,
 )
 from gymkube_operator.trainingrun.reasons import ConditionType, Reason
@@ -129,12 +130,8 @@ class _Outcome:
 
 
 def reads_progress(status: TrainingRunStatus) -> bool:
-    """Whether the run's trainer is running in a one-node Job, whose log holds its progress."""
-    return (
-        status.phase == Phase.RUNNING
-        and status.training is not None
-        and status.training.kind == "Job"
-    )
+    """Whether the run's trainer is running, so that its log has new progress to read."""
+    return status.phase == Phase.RUNNING and status.training is not None
 
 
 def is_finished(status: TrainingRunStatus) -> bool:
@@ -187,15 +184,26 @@ def _job_outcome(
     return _Outcome(Phase.STARTING, Reason.TRAINING_STARTING, f"Job {name} is starting its pod")
 
 
+def _first_line(text: str | None) -> str | None:
+    return one_line((text or "").strip().split("\n", 1)[0]) if text else None
+
+
 def _rayjob_outcome(
-    rayjob: Object, spec: TrainingRunSpec, queued: admission.Admission | None
+    rayjob: Object, spec: TrainingRunSpec, queued: admission.Admission | None, log: str | None
 ) -> _Outcome:
     status = rayjob.get("status", {}) or {}
     name = rayjob["metadata"]["name"]
     deployment = status.get("jobDeploymentStatus", "")
     job_status = status.get("jobStatus", "")
     start, end = status.get("startTime"), status.get("endTime")
-    detail = status.get("message") or status.get("reason") or f"jobStatus {job_status or 'unset'}"
+    # KubeRay's message on a failed job carries the head's whole log tail: gymkube-train's own
+    # line says why in one, when the trainer got that far.
+    detail = (
+        trainer_verdict(log)
+        or _first_line(status.get("message"))
+        or status.get("reason")
+        or f"jobStatus {job_status or 'unset'}"
+    )
     if deployment == "Complete" and job_status == "SUCCEEDED":
         return _Outcome(
             Phase.SUCCEEDED, Reason.TRAINING_SUCCEEDED, f"RayJob {name} succeeded", start, end
@@ -570,7 +578,7 @@ def _follow_child(
     if child["kind"] == "Job":
         outcome = _job_outcome(child, spec, observed.trainer_pod, observed.queued)
     else:
-        outcome = _rayjob_outcome(child, spec, observed.queued)
+        outcome = _rayjob_outcome(child, spec, observed.queued, observed.trainer_log)
     writer.update(
         training=ChildRef(
             api_version=child["apiVersion"], kind=child["kind"], name=child["metadata"]["name"]

@@ -190,10 +190,6 @@ class TrainingRunSpec(CamelModel):
     model_config = ConfigDict(
         json_schema_extra=validation_rules(
             (
-                "self.device != 'cpu' || self.nodes == 1",
-                "device cpu trains on one node: set nodes to 1 (or use device gpu)",
-            ),
-            (
                 "has(self.envPoolRef) != has(self.envPools)",
                 "set envPoolRef (one pool) or envPools (several), not both",
             ),
@@ -239,7 +235,7 @@ class TrainingRunSpec(CamelModel):
         "gpu",
         description=(
             "gpu: nvidia.com/gpu x gpusPerNode per node; cpu: verl on CPU (gymkube's CPU support "
-            "for verl), one node, gpusPerNode ignored."
+            "for verl), one trainer process per node, gpusPerNode ignored."
         ),
     )
     resources: ResourceRequirements = Field(

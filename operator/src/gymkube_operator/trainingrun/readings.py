@@ -20,7 +20,7 @@ from gymkube_operator.envpool.reasons import STUCK
 from gymkube_operator.envpool.status import DEGRADED as POOL_DEGRADED
 from gymkube_operator.envpool.status import READY as POOL_READY
 from gymkube_operator.objects import Object
-from gymkube_operator.trainingrun import render
+from gymkube_operator.trainingrun import command, render
 from gymkube_operator.trainingrun.models import TrainingProgress
 from gymkube_operator.trainingrun.reasons import ConditionType, Reason
 
@@ -166,6 +166,14 @@ def progress_lines(log: str | None) -> list[TrainingProgress]:
         except ValidationError:
             continue
     return found
+
+
+def trainer_verdict(log: str | None) -> str | None:
+    """gymkube-train's last word in the trainer's log (why the trainer failed, or could not
+    start), without its name; None when it said none."""
+    prefix = f"{command.TRAIN_WRAPPER}: "
+    said = [line.strip() for line in (log or "").splitlines() if line.startswith(prefix)]
+    return one_line(said[-1].removeprefix(prefix)) if said else None
 
 
 def parse_progress(log: str | None) -> TrainingProgress | None:

@@ -27,7 +27,7 @@ TRAINER = "trainer"
 
 JOB_API = "batch/v1"
 RAYJOB_API = "ray.io/v1"
-RAY_GPU_GROUP = "gpu"
+RAY_WORKER_GROUP = "workers"
 # The user the gymkube images run as; fsGroup makes the checkpoints volume writable for it.
 IMAGE_UID = 10001
 
@@ -208,8 +208,15 @@ def dataset_containers(target: RunTarget, mounts: list[Object]) -> list[Object]:
     ]
 
 
-def trainer_container(target: RunTarget, name: str, mounts: list[Object], fields: Object) -> Object:
-    """The trainer container: the device's environment and limits, then `fields` (a command)."""
+def trainer_container(
+    target: RunTarget,
+    name: str,
+    mounts: list[Object],
+    fields: Object,
+    env: tuple[Object, ...] = (),
+) -> Object:
+    """The trainer container: the device's environment and limits and `env`, then `fields` (a
+    command, probes)."""
     spec = target.spec
     resources = spec.resources.to_api()
     limits = {**resources.get("limits", {}), **device.limits(spec)}
@@ -220,20 +227,23 @@ def trainer_container(target: RunTarget, name: str, mounts: list[Object], fields
         "env": _env(target)
         + _trainer_env(target)
         + command.trainer_env(target.name, spec)
-        + device.env(spec.device),
+        + device.env(spec.device)
+        + list(env),
         "resources": {**resources, "limits": limits},
         "volumeMounts": mounts,
     }
     return container | fields
 
 
-def trainer_pod_spec(target: RunTarget, container_name: str, fields: Object) -> Object:
+def trainer_pod_spec(
+    target: RunTarget, container_name: str, fields: Object, env: tuple[Object, ...] = ()
+) -> Object:
     """A trainer pod: dataset init containers, then the trainer; podTemplate merged last."""
     volumes, mounts = _volumes(target)
     pod: Object = {
         "securityContext": {"fsGroup": IMAGE_UID, "fsGroupChangePolicy": "OnRootMismatch"},
         "initContainers": dataset_containers(target, mounts),
-        "containers": [trainer_container(target, container_name, mounts, fields)],
+        "containers": [trainer_container(target, container_name, mounts, fields, env)],
         "volumes": volumes,
     }
     merged: Object = merge(pod, target.spec.pod_template)
@@ -317,36 +327,99 @@ def training_job(target: RunTarget) -> Object:
     }
 
 
+# Ray's health endpoints, as KubeRay's own probes check them (its probes run wget, which the
+# gymkube images do not carry): the head's GCS through its dashboard, each node's raylet through
+# its dashboard agent.
+RAY_HEAD_HEALTH: Object = {"path": "/api/gcs_healthz", "port": 8265}
+RAY_NODE_HEALTH: Object = {"path": "/api/local_raylet_healthz", "port": 52365}
+# KubeRay's timings; a node is restarted only after 10 minutes without an answer: a busy CPU node
+# answers slowly, and a restarted head ends the run.
+RAY_READINESS: Object = {"initialDelaySeconds": 10, "periodSeconds": 5, "timeoutSeconds": 5}
+RAY_LIVENESS: Object = {
+    "initialDelaySeconds": 30,
+    "periodSeconds": 5,
+    "timeoutSeconds": 5,
+    "failureThreshold": 120,
+}
+# The pod KubeRay runs `ray job submit` and `ray job logs --follow` in: its log is the trainer's.
+SUBMITTER_RESOURCES: Object = {
+    "requests": {"cpu": "50m", "memory": "256Mi"},
+    "limits": {"memory": "1Gi"},
+}
+
+
+def _ray_probes(health: Object) -> Object:
+    return {
+        "readinessProbe": {"httpGet": health, **RAY_READINESS},
+        "livenessProbe": {"httpGet": health, **RAY_LIVENESS},
+    }
+
+
+# The RayJob's run files (command.RAY_RUN_FILES) in every Ray node's environment.
+RAY_NODE_ENV: tuple[Object, ...] = tuple(
+    {"name": name, "value": value} for name, value in command.RAY_RUN_FILES.items()
+)
+
+
+def submitter_pod_template(target: RunTarget) -> Object:
+    """KubeRay's submitter pod (K8sJobMode), named like a Job's trainer so that the run reads its
+    log, its progress and its last error line the same way."""
+    return {
+        "metadata": {"labels": labels(target, TRAINER)},
+        "spec": {
+            "restartPolicy": "Never",
+            "securityContext": RESTRICTED_POD,
+            "containers": [
+                {
+                    "name": TRAINER,
+                    "image": target.trainer_image,
+                    "imagePullPolicy": target.image_pull_policy,
+                    "resources": SUBMITTER_RESOURCES,
+                    "securityContext": RESTRICTED_CONTAINER,
+                    "terminationMessagePolicy": "FallbackToLogsOnError",
+                }
+            ],
+        },
+    }
+
+
 def training_rayjob(target: RunTarget) -> Object:
-    """A KubeRay RayJob: a GPU head and nodes-1 GPU workers; the head runs verl's driver."""
+    """A KubeRay RayJob: a head and nodes-1 workers alike; the head runs gymkube-train and verl's
+    driver, and KubeRay's submitter pod follows its log."""
     spec = target.spec
     pod_labels = labels(target, TRAINER)
     workers = spec.nodes - 1
+    ray_params = device.ray_start_params(spec.device)
     ray_spec: Object = {
-        "entrypoint": command.verl_entrypoint(target),
+        "entrypoint": command.ray_entrypoint(target),
         "shutdownAfterJobFinishes": True,
-        # The Ray cluster holds the GPUs; it goes as soon as the job ends.
+        # The Ray cluster holds the nodes; it goes as soon as the job ends.
         "ttlSecondsAfterFinished": 0,
         "backoffLimit": spec.backoff_limit,
         "suspend": _starts_suspended(target),
+        "submitterPodTemplate": submitter_pod_template(target),
         "rayClusterSpec": {
             "headGroupSpec": {
-                "rayStartParams": {"dashboard-host": "0.0.0.0"},
+                "rayStartParams": {"dashboard-host": "0.0.0.0", **ray_params},
                 "template": {
                     "metadata": {"labels": pod_labels},
-                    "spec": trainer_pod_spec(target, "ray-head", {}),
+                    "spec": trainer_pod_spec(
+                        target, "ray-head", _ray_probes(RAY_HEAD_HEALTH), RAY_NODE_ENV
+                    ),
                 },
             },
             "workerGroupSpecs": [
                 {
-                    "groupName": RAY_GPU_GROUP,
+                    "groupName": RAY_WORKER_GROUP,
                     "replicas": workers,
                     "minReplicas": workers,
                     "maxReplicas": workers,
-                    "rayStartParams": {},
+                    "rayStartParams": dict(ray_params),
                     "template": {
                         "metadata": {"labels": pod_labels},
-                        "spec": trainer_pod_spec(target, "ray-worker", {}),
+                        "spec": trainer_pod_spec(
+                            target, "ray-worker", _ray_probes(RAY_NODE_HEALTH), RAY_NODE_ENV
+                        ),
                     },
                 }
             ],
