@@ -2,11 +2,12 @@
 
     gymkube-train --checkpoint-dir /checkpoints/run --model-path /models/m -- python3 -m verl...
 
-The operator starts every one-node TrainingRun through it. Before training it checks that a local
+The operator starts every TrainingRun through it (a Job's command, a RayJob's entrypoint). Before training it checks that a local
 model path holds a model and that a custom agent loop imports and is an AgentLoopBase, so a wrong
 path or a broken loop fails in seconds, not after Ray and vLLM have started.
 While the trainer runs, its output passes through unchanged, and every step verl's FileLogger
-records becomes one `gymkube-progress {json}` line (step, total steps, mean reward, step times,
+records (on a Ray cluster, with --steps-from-log, every step line of verl's console logger)
+becomes one `gymkube-progress {json}` line (step, total steps, mean reward, step times,
 ETA, last checkpoint, the step this trainer resumed from, and the step's episodes from the agent
 loop's episode log) that the operator copies into the run's status. When the trainer fails, its
 own last error line goes to the termination log, where Kubernetes keeps it in the pod status.
@@ -67,6 +68,10 @@ STEP_TIME = "timing_s/step"
 GENERATION_TIME = "timing_s/gen"
 # The policy's side of a step: recomputing log-probs, the actor update, the sync into vLLM.
 UPDATE_TIMES = ("timing_s/old_log_prob", "timing_s/update_actor", "timing_s/update_weights")
+# verl's console logger's line for a step (verl/utils/logger/aggregate_logger.py):
+# "step:N - key:value - ...", each value a number as pprint writes it (numpy's as np.float64(0.5)).
+_CONSOLE_STEP = re.compile(r"^step:(\d+) - (.*)$")
+_CONSOLE_NUMBER = re.compile(r"^(?:np\.\w+\()?(-?(?:[\d.]+(?:[eE][-+]?\d+)?|nan|inf))\)?$")
 # Ray prefixes every worker's line with "(Name pid=N)" and colours it.
 _COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 _WORKER_PREFIX = re.compile(r"^\s*\([^)]*pid=\d+[^)]*\)\s*")
@@ -261,6 +266,20 @@ def _cleaned(line: str) -> str:
     return _WORKER_PREFIX.sub("", _COLOUR.sub("", line)).strip()
 
 
+def console_record(line: str) -> dict[str, Any] | None:
+    """A FileLogger-like record ({"step", "data"}) from verl's console line for a step, with the
+    metrics that read as numbers; None for any other line."""
+    found = _CONSOLE_STEP.match(_cleaned(line))
+    if found is None:
+        return None
+    metrics: dict[str, float] = {}
+    for item in found.group(2).split(" - "):
+        key, _, text = item.rpartition(":")
+        if key and (number := _CONSOLE_NUMBER.match(text.strip())):
+            metrics[key.strip()] = float(number.group(1))
+    return {"step": int(found.group(1)), "data": metrics}
+
+
 def last_error_line(lines: Iterable[str]) -> str:
     """The trainer's own reason for stopping: its last line that names an error, else its last."""
     cleaned = [text for line in lines if (text := _cleaned(line))]
@@ -341,8 +360,9 @@ class GrowingFile:
 
 
 class Reporter:
-    """Passes the trainer's output through and turns its FileLogger records, with the episodes
-    of each step from the episode log, into progress."""
+    """Passes the trainer's output through and turns its FileLogger records (or, with
+    steps_from_log, its console logger's step lines), with the episodes of each step from the
+    episode log, into progress."""
 
     def __init__(
         self,
@@ -351,11 +371,15 @@ class Reporter:
         metrics_file: Path,
         episode_log: Path,
         resumed_from_step: int | None = None,
+        steps_from_log: bool = False,
     ) -> None:
         self.out = out
         self.checkpoint_dir = checkpoint_dir
         self.metrics = GrowingFile(metrics_file)
         self.episode_log = GrowingFile(episode_log)
+        self.steps_from_log = steps_from_log
+        # Step records read from the trainer's output, until the next poll reports them.
+        self._logged_steps: list[dict[str, Any]] = []
         self.resumed_from_step = resumed_from_step
         self.tail: collections.deque[str] = collections.deque(maxlen=200)
         self.total_steps: int | None = None
@@ -380,6 +404,9 @@ class Reporter:
                 self.total_steps = int(found.group(1))
             self.tail.append(line)
             self._note_loop_error(line)
+            if self.steps_from_log and (record := console_record(line)) is not None:
+                with self._lock:
+                    self._logged_steps.append(record)
             self.write(line)
 
     def _note_loop_error(self, line: str) -> None:
@@ -409,19 +436,29 @@ class Reporter:
             if not episode.validation:
                 self.episodes[episode.step].add(episode)
 
-    def poll(self) -> None:
-        """Report every record verl appended since the last call."""
-        # Records first: a step's episodes are all logged before verl records the step, so read
-        # after its record, the episode log holds them.
-        records = self.metrics.new_lines()
-        self.count_episodes()
-        for raw in records:
+    def _new_records(self) -> list[dict[str, Any]]:
+        """verl's step records since the last call: its console lines', or its FileLogger's."""
+        if self.steps_from_log:
+            with self._lock:
+                logged, self._logged_steps = self._logged_steps, []
+            return logged
+        records = []
+        for raw in self.metrics.new_lines():
             try:
                 record = json.loads(raw)
             except ValueError:
                 continue
-            if not isinstance(record, dict):
-                continue
+            if isinstance(record, dict):
+                records.append(record)
+        return records
+
+    def poll(self) -> None:
+        """Report every record verl appended since the last call."""
+        # Records first: a step's episodes are all logged before verl records the step, so read
+        # after its record, the episode log holds them.
+        records = self._new_records()
+        self.count_episodes()
+        for record in records:
             step_time = _number(record.get("data") or {}, STEP_TIME)
             if step_time is not None:
                 self.step_times.append(step_time)
@@ -458,6 +495,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--metrics-file",
         type=Path,
         help=f"where verl's FileLogger writes (${METRICS_ENV}; default: a file in /tmp)",
+    )
+    parser.add_argument(
+        "--steps-from-log",
+        action="store_true",
+        help="read verl's step records from its console logger's lines in the trainer's output, "
+        "not from the FileLogger's file (on a Ray cluster verl's driver may run on another node)",
     )
     parser.add_argument(
         "--episode-log",
@@ -523,7 +566,14 @@ def exit_code_of(code: int) -> int:
 def _supervise(args: argparse.Namespace, metrics_file: Path, episode_log: Path) -> int:
     """Run the trainer, turning its metrics into progress lines, until it exits."""
     resumed = resumed_step(args.command, args.checkpoint_dir)
-    reporter = Reporter(sys.stdout, args.checkpoint_dir, metrics_file, episode_log, resumed)
+    reporter = Reporter(
+        sys.stdout,
+        args.checkpoint_dir,
+        metrics_file,
+        episode_log,
+        resumed,
+        steps_from_log=args.steps_from_log,
+    )
     child = subprocess.Popen(
         args.command,
         stdout=subprocess.PIPE,

@@ -1,5 +1,6 @@
-"""`gymkube-train`, the operator's entry point for one-node runs: progress lines from verl's
-FileLogger and the agent loop's episode log, the step a retried trainer resumed from, the trainer's
+"""`gymkube-train`, the operator's entry point for runs (a one-node Job's command, a RayJob's
+entrypoint): progress lines from verl's FileLogger (or its console lines) and the agent loop's
+episode log, the step a retried trainer resumed from, the trainer's
 own last error line in the termination log, a wrong model path refused before anything starts, and
 SIGTERM (a deleted pod) ending in the exit code the Job retries. The trainer here is a script
 writing what verl writes; the real verl run is the e2e tier's."""
@@ -126,6 +127,58 @@ def test_a_run_prints_progress_per_step_with_total_and_checkpoint(tmp_path: Path
     # The trainer's own output passes through.
     assert "Total training steps: 2" in done.stdout
     assert "done" in done.stdout
+
+
+# verl's console logger's line for RECORD's step as a Ray job's driver prints it, forwarded by Ray
+# from the Ray node verl's TaskRunner ran on: numpy's values written as pprint writes them.
+CONSOLE_LINE = (
+    "\x1b[36m(TaskRunnerV1 pid=412, ip=10.244.0.16)\x1b[0m step:{step} - "
+    "training/global_step:{step} - critic/score/mean:np.float64(0.75) - timing_s/gen:8.03 - "
+    "timing_s/old_log_prob:3.85 - timing_s/update_actor:np.float64(12.77) - "
+    "timing_s/update_weights:0.4 - timing_s/step:42.34 - perf/max_memory:nan - note:not-a-number"
+)
+
+
+def test_a_console_step_line_is_the_step_record() -> None:
+    record = train.console_record(CONSOLE_LINE.format(step=3))
+    assert record is not None
+    assert record["step"] == 3
+    assert {k: v for k, v in record["data"].items() if k != "perf/max_memory"} == {
+        **RECORD["data"],  # type: ignore[dict-item]
+        "training/global_step": 3,
+        "critic/score/mean": 0.75,
+    }
+    assert "note" not in record["data"]
+    assert train.console_record("(TaskRunnerV1 pid=412) Training Progress: step:1") is None
+
+
+def test_on_a_ray_cluster_the_steps_come_from_verls_console_lines(tmp_path: Path) -> None:
+    """On a RayJob verl's FileLogger may write on another Ray node: with --steps-from-log the
+    steps are the console logger's lines Ray forwards, whatever the file holds here."""
+    trainer = fake_trainer(
+        tmp_path,
+        f"""
+        print("(TaskRunnerV1 pid=7, ip=10.0.0.2) Total training steps: 2", flush=True)
+        for step in (1, 2):
+            time.sleep(0.3)
+            write_record(step + 10)  # a FileLogger on this node, were there one: not read
+            print({CONSOLE_LINE!r}.format(step=step), flush=True)
+        """,
+    )
+    done = run_wrapper(
+        tmp_path,
+        "--steps-from-log",
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+        "--poll-seconds",
+        "0.1",
+        "--",
+        *trainer,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = progress_lines(done.stdout)
+    assert [(line["step"], line["meanReward"]) for line in lines] == [(1, 0.75), (2, 0.75)]
+    assert all(line["totalSteps"] == 2 and line["updateSeconds"] == 17.02 for line in lines)
 
 
 def test_a_failed_trainer_leaves_its_last_error_line(tmp_path: Path) -> None:

@@ -248,12 +248,12 @@ def test_ray_entrypoint_is_the_wrapped_command_reading_the_files_every_node_name
     run = target({"nodes": 2, "overrides": ["trainer.project_name='my runs'"]})
     entrypoint = shlex.split(command.ray_entrypoint(run))
     wrapper, *rest = command.trainer_command(run)
-    files = ["--metrics-file", command.RAY_METRICS_FILE, "--episode-log", command.RAY_EPISODE_LOG]
+    files = ["--steps-from-log", "--episode-log", command.RAY_EPISODE_LOG]
     assert entrypoint == [wrapper, *files, *rest]
     assert entrypoint[-len(command.verl_command(run)) :] == command.verl_command(run)
     assert command.verl_command(run)[:3] == ["python3", "-m", "verl.trainer.main_ppo"]
-    # The wrapper passes its files to verl's driver; Ray's workers read them from their node's
-    # environment, which names the same (the wrapper's own option names are checked against it).
+    # Ray's workers read the files they write from their node's environment: the variables are
+    # those verl's FileLogger and gymkube's agent loop read.
     from gymkube_agentloop.episode_log import EPISODE_LOG_ENV
     from gymkube_agentloop.train import METRICS_ENV
 

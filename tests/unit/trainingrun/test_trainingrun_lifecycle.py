@@ -2,6 +2,7 @@
 
 import datetime
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -413,6 +414,68 @@ def test_several_nodes_with_kuberay_create_a_rayjob_and_follow_it() -> None:
     assert condition(failed, "Failed") == ("True", "DeadlineExceeded")
     ok = step(Observed(pool=pool(), training=rayjob("Complete", "SUCCEEDED")), running.status)
     assert condition(ok, "Succeeded") == ("True", "TrainingSucceeded")
+
+
+# RayJobs as KubeRay v1.5.0 wrote them in the e2e suite (a two-node CPU run admitted by Kueue, and a
+# two-node run given a model path that does not exist), their specs trimmed to what the run reads;
+# and the logs of KubeRay's submitter pod for each (the succeeded one cut to its last lines).
+KUBERAY = Path(__file__).parent / "kuberay"
+RAYJOBS: dict[str, Object] = json.loads((KUBERAY / "rayjobs.json").read_text())
+
+
+def test_a_rayjob_as_kuberay_moves_it_is_queued_starting_running_then_succeeded() -> None:
+    run = {"nodes": 2, "device": "cpu", "queueName": "training"}
+    created = step(Observed(pool=pool(), rayjob_served=True), preflight={"enabled": False}, **run)
+    seen = {}
+    status = created.status
+    for state in ("queued", "initializing", "pending", "running", "finishing", "succeeded"):
+        status = step(Observed(pool=pool(), training=RAYJOBS[state]), status, **run).status
+        seen[state] = status.phase
+    assert seen == {
+        "queued": Phase.QUEUED,
+        "initializing": Phase.STARTING,
+        "pending": Phase.RUNNING,
+        "running": Phase.RUNNING,
+        # The Ray job is done; KubeRay has yet to say the RayJob is.
+        "finishing": Phase.RUNNING,
+        "succeeded": Phase.SUCCEEDED,
+    }
+    assert status.start_time == RAYJOBS["succeeded"]["status"]["startTime"]
+    assert status.completion_time == RAYJOBS["succeeded"]["status"]["endTime"]
+
+
+def test_a_rayjob_runs_progress_is_read_from_kuberays_submitter_pod() -> None:
+    log = (KUBERAY / "submitter-succeeded.log").read_text()
+    run = {"nodes": 2, "device": "cpu"}
+    submitter = {"metadata": {"name": "two-nodes-train-5xk2q"}}
+    observed = Observed(
+        pool=pool(), training=RAYJOBS["running"], trainer_pod=submitter, trainer_log=log
+    )
+    plan = step(observed, **run)
+    assert plan.status.progress is not None
+    assert (plan.status.progress.step, plan.status.progress.total_steps) == (2, 2)
+    assert plan.status.progress.mean_reward == 0.25
+    assert lifecycle.reads_progress(plan.status)
+    assert plan.status.history is not None
+    assert [s.step for s in plan.status.history.steps] == [1, 2]
+
+
+def test_a_failed_rayjob_says_kuberays_reason_and_the_trainers_own_line() -> None:
+    log = (KUBERAY / "submitter-failed.log").read_text()
+    run = {"nodes": 2, "device": "cpu"}
+    plan = step(Observed(pool=pool(), training=RAYJOBS["failed"], trainer_log=log), **run)
+    assert condition(plan, "Failed") == ("True", "AppFailed")
+    message = next(c.message for c in plan.status.conditions if c.type == "Failed")
+    assert message == (
+        "RayJob wrong-model-train failed: error: model path /models/SmolLM2-1.7B does not exist "
+        "(/models holds: SmolLM2-135M-Instruct)"
+    )
+    # Without the log, KubeRay's own first line, not the head's whole log tail it carries.
+    bare = step(Observed(pool=pool(), training=RAYJOBS["failed"]), **run)
+    message = next(c.message for c in bare.status.conditions if c.type == "Failed")
+    assert message.startswith("RayJob wrong-model-train failed: Job entrypoint command failed")
+    assert "\n" not in message
+    assert len(message) <= MAX_LINE + 40
 
 
 def test_last_transition_time_moves_only_when_status_changes() -> None:

@@ -70,10 +70,11 @@ VERL_ENTRYPOINT = ("python3", "-m", "verl.trainer.main_ppo")
 # entrypoint): it checks the model path, prints `gymkube-progress` lines from verl's FileLogger and
 # writes the trainer's last error line to the termination log.
 TRAIN_WRAPPER = "gymkube-train"
-# On a RayJob verl's processes are Ray workers that the node's raylet started: they read the files
-# the wrapper follows from the pod's environment, not the wrapper's. These are the variables
-# (verl's FileLogger's, gymkube's agent loop's) and the files every node of a RayJob names; the
-# wrapper on the head reads them there, where verl's driver (its TaskRunner) runs.
+# On a RayJob verl's processes are Ray workers on whichever node Ray places them, started by that
+# node's raylet: they read the files they write from the pod's environment, not the wrapper's. Every
+# node names these (verl's FileLogger's file, gymkube's agent loop's episode log). The wrapper on
+# the head reads the steps from verl's console lines, which Ray forwards from any node, and the
+# episodes from the head's episode log (there when verl's agent-loop worker runs on the head).
 RAY_METRICS_FILE = "/tmp/gymkube-train-metrics.jsonl"
 RAY_EPISODE_LOG = "/tmp/gymkube-train-episodes.jsonl"
 RAY_RUN_FILES = {"VERL_FILE_LOGGER_PATH": RAY_METRICS_FILE, "GYMKUBE_EPISODE_LOG": RAY_EPISODE_LOG}
@@ -289,11 +290,10 @@ def trainer_command(target: RunTarget) -> list[str]:
 
 
 def ray_entrypoint(target: RunTarget) -> str:
-    """A RayJob's entrypoint, one shell string: the same command, reading the files every node's
-    environment names (RAY_RUN_FILES)."""
+    """A RayJob's entrypoint, one shell string: the same command, its steps read from verl's
+    console and its episodes from the log every node's environment names (RAY_RUN_FILES)."""
     wrapper, *rest = trainer_command(target)
-    files = ["--metrics-file", RAY_METRICS_FILE, "--episode-log", RAY_EPISODE_LOG]
-    return shlex.join([wrapper, *files, *rest])
+    return shlex.join([wrapper, "--steps-from-log", "--episode-log", RAY_EPISODE_LOG, *rest])
 
 
 def agent_loop_config(target: RunTarget) -> list[dict[str, Any]]:
