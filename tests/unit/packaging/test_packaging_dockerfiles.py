@@ -61,14 +61,19 @@ def test_every_image_in_the_build_script_has_its_target_and_wheels() -> None:
         "envserver", "router", "operator", "preflight", "trainer", "trainer-cpu", "openenv-sudoku",
     }  # fmt: skip
     locked = re.findall(r"^declare -A LOCKED=\(\[([a-z-]+)\]=", BUILD_SCRIPT, re.MULTILINE)
+    served = re.findall(r"^declare -A SERVED=\(\[([a-z-]+)\]=", BUILD_SCRIPT, re.MULTILINE)
+    assert served == ["trainer"]
+    ignored = (REPO_ROOT / ".dockerignore").read_text().splitlines()
     for image, dockerfile, target, wheel_set in RECIPES:
         built = stages(REPO_ROOT / dockerfile)
         assert target in built, (image, target)
-        if wheel_set in locked:
+        if wheel_set in locked + served:
             # Served to the build, not copied: the wheels stay out of the context and the layers.
             text = (REPO_ROOT / dockerfile).read_text()
-            assert '--find-links "${WHEELS_URL}/locked/"' in text, image
+            where = "${WHEELS_URL}/locked/" if wheel_set in locked else "${WHEELS_URL}/"
+            assert f'--find-links "{where}"' in text, image
             assert "--no-index" in text, image
+            assert wheel_set in locked or f"out/wheels/{wheel_set}/" in ignored, image
             continue
         wanted_from = {f"out/wheels/{wheel_set}"}
         copied = {
@@ -86,8 +91,13 @@ def test_build_context_holds_only_the_wheels_and_the_example_server() -> None:
         for line in (REPO_ROOT / ".dockerignore").read_text().splitlines()
         if line and not line.startswith("#")
     ]
-    assert ignored == ["*", "!out/wheels/", "!examples/openenv-sudoku/sudoku_server.py"]
-    admitted = tuple(line[1:] for line in ignored[1:])
+    assert ignored == [
+        "*",
+        "!out/wheels/",
+        "out/wheels/trainer/",  # the GPU trainer's, served to its build instead
+        "!examples/openenv-sudoku/sudoku_server.py",
+    ]
+    admitted = tuple(line[1:] for line in ignored if line.startswith("!"))
     for dockerfile in DOCKERFILES:
         for stage in stages(dockerfile).values():
             for line in stage:
