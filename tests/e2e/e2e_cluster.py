@@ -55,10 +55,9 @@ os.kill(pid, getattr(signal, sys.argv[1]))
 print(pid)
 """
 )
-# argv: the server's port. Polls its /status from inside the pod, so the SIGSTOP lands a second
-# after the next session's create, with that episode in play; a poll that times out is asked
-# again. Prints the replays the server had played by then (its count goes with it when it is
-# replaced).
+# argv: the server's port. Polls its /status from inside the pod, so the SIGSTOP lands within
+# tens of milliseconds of the next session's create; a poll that times out is asked again. Prints
+# the replays the server had played by then (its count goes with it when it is replaced).
 FREEZE_AT_NEXT_SESSION = (
     _FIND_ENVSERVER
     + """
@@ -72,17 +71,12 @@ def status():
         except OSError:  # a node starved by the trainer can leave one answer past 5 s
             time.sleep(0.2)
 before = status()["served"]
-while True:
-    while (last := status())["served"] == before:
-        time.sleep(0.05)
-    before = last["served"]
-    # served counts a session before its /create reply is written, which a starved node may send
-    # late: stopped then, the create goes elsewhere and no episode is cut. A second later the reply
-    # is out, and a server still holding an open session holds an episode in play (its first
-    # turn, a model generation, takes seconds); one whose sessions all closed again is passed over.
-    time.sleep(1.0)
-    if status()["active"] > 0:
-        break
+while (last := status())["served"] == before:
+    time.sleep(0.05)
+# served counts a session before its /create reply is written: stopped at once, the router would
+# find the server dead and place the create elsewhere, and no episode would be cut. The reply is
+# out within milliseconds; the episode's first turn (a model generation) takes seconds.
+time.sleep(0.2)
 os.kill(pid, signal.SIGSTOP)
 print(json.dumps({"pid": pid, "replays": last.get("replays", 0)}))
 """
@@ -268,9 +262,9 @@ class Cluster(Kube):
                 raise
 
     def freeze_envserver_at_next_session(self, namespace: str, pod: str, timeout: float) -> int:
-        """SIGSTOPs the env server in POD a second after it creates its next session that is
-        still open then (waiting for one up to TIMEOUT s): that session's episode is in play.
-        Returns the replays the server had played until then."""
+        """SIGSTOPs the env server in POD as soon as it creates its next session (waiting for it
+        up to TIMEOUT s): that session's episode has every turn still to play. Returns the replays
+        the server had played until then."""
         output = self.kubectl(
             "exec",
             "-n",
