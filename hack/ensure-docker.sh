@@ -8,11 +8,14 @@
 # $GYMKUBE_CACHE/docker/dockerd.pid, so it can be stopped with `kill "$(cat .../dockerd.pid)"`.
 # dockerd runs its own containerd (under /var/run/docker), separate from a kubelet's containerd.
 #
-# Privileged containers (every kind node is one): where the host's capability bounding set lacks a
-# capability Docker asks for, runc fails "unable to apply caps" (Debian's docker.io 20.10 predates
-# the fix, moby#42933). On such a host the daemon started here gets hack/kind/runc-host-caps as its
-# default runtime (`--add-runtime gymkube-runc=... --default-runtime gymkube-runc`), which drops just
-# those capabilities. A daemon you run yourself needs the same in /etc/docker/daemon.json:
+# Privileged containers (every kind node is one): Debian's docker.io 20.10 gives them every capability
+# it knows, which goes wrong twice: where the host's bounding set lacks one, runc fails "unable to
+# apply caps" (moby#42933), and it knows none newer than CAP_AUDIT_READ, so kind's pods get no
+# CAP_BPF or CAP_PERFMON (Cilium, the e2e cluster's CNI, needs them). The daemon started here gets
+# hack/kind/runc-host-caps as its default runtime (`--add-runtime gymkube-runc=...
+# --default-runtime gymkube-runc`), which fixes both; an older copy of it is replaced on each run.
+# A daemon you run yourself needs the same in /etc/docker/daemon.json where it is 20.10 or the host
+# lacks capabilities:
 #   {"runtimes": {"gymkube-runc": {"path": "/path/to/runc-host-caps"}}, "default-runtime": "gymkube-runc"}
 set -euo pipefail
 # shellcheck source=lib/tools.sh
@@ -41,10 +44,20 @@ host_lacks_caps() {
 	((bounding != (1 << (last + 1)) - 1))
 }
 
-# A running daemon this script did not configure: say so when privileged containers will fail.
+# The runtime wrapper where dockerd runs it, kept current (dockerd runs the file for each container).
+install_wrapper() {
+	command -v jq >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq jq >/dev/null
+	cmp -s "$GYMKUBE_HACK_DIR/kind/runc-host-caps" "$RUNTIME_WRAPPER" ||
+		install -D -m 0755 "$GYMKUBE_HACK_DIR/kind/runc-host-caps" "$RUNTIME_WRAPPER"
+}
+
+# A running daemon: keep our wrapper current, or say when privileged containers will fail.
 check_running_daemon() {
+	if [[ $("$DOCKER" info --format '{{.DefaultRuntime}}' 2>/dev/null) == "$RUNTIME_NAME" ]]; then
+		install_wrapper
+		return 0
+	fi
 	host_lacks_caps || return 0
-	[[ $("$DOCKER" info --format '{{.DefaultRuntime}}' 2>/dev/null) == "$RUNTIME_NAME" ]] && return 0
 	log "warning: this host's capability bounding set is incomplete, and the running dockerd's default"
 	log "runtime is not $RUNTIME_NAME: privileged containers (kind nodes) will fail; see the top of $0"
 }
@@ -72,17 +85,12 @@ mkdir -p "$STATE_DIR"
 if [[ -f $STATE_DIR/dockerd.pid ]] && kill -0 "$(cat "$STATE_DIR/dockerd.pid")" 2>/dev/null; then
 	log "dockerd (PID $(cat "$STATE_DIR/dockerd.pid")) is starting; waiting for it"
 else
-	runtime_args=()
-	if host_lacks_caps; then
-		command -v jq >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq jq >/dev/null
-		# A copy, so the daemon does not depend on this checkout staying where it is.
-		install -m 0755 "$GYMKUBE_HACK_DIR/kind/runc-host-caps" "$RUNTIME_WRAPPER"
-		runtime_args=(--add-runtime "$RUNTIME_NAME=$RUNTIME_WRAPPER" --default-runtime "$RUNTIME_NAME")
-		log "the host's capability bounding set is incomplete: default runtime $RUNTIME_NAME ($RUNTIME_WRAPPER)"
-	fi
-	log "starting dockerd (log: $STATE_DIR/dockerd.log)"
+	# A copy, so the daemon does not depend on this checkout staying where it is.
+	install_wrapper
+	log "starting dockerd with default runtime $RUNTIME_NAME ($RUNTIME_WRAPPER; log: $STATE_DIR/dockerd.log)"
 	# setsid: the daemon must outlive this script and the make/CI process group that ran it.
-	setsid dockerd "${runtime_args[@]}" >>"$STATE_DIR/dockerd.log" 2>&1 </dev/null &
+	setsid dockerd --add-runtime "$RUNTIME_NAME=$RUNTIME_WRAPPER" --default-runtime "$RUNTIME_NAME" \
+		>>"$STATE_DIR/dockerd.log" 2>&1 </dev/null &
 	echo $! >"$STATE_DIR/dockerd.pid"
 fi
 

@@ -1,6 +1,6 @@
-"""kind's shell pieces that run without Docker: the runc wrapper hack/ensure-docker.sh registers on
-hosts whose capability bounding set is incomplete, and the cluster config hack/kind-up.sh gives kind
-for each node image."""
+"""kind's shell pieces that run without Docker: the runc wrapper hack/ensure-docker.sh makes the
+default runtime of the dockerd it starts, and the cluster config hack/kind-up.sh gives kind for each
+node image."""
 
 import json
 import os
@@ -18,12 +18,18 @@ WRAPPER = REPO_ROOT / "hack" / "kind" / "runc-host-caps"
 # VMs often lack.
 SOME_CAPS = {"CAP_CHOWN": 0, "CAP_NET_ADMIN": 12, "CAP_SYS_ADMIN": 21, "CAP_SYS_RESOURCE": 24}
 EVERY_CAP = list(SOME_CAPS)
+# Those Docker 20.10 does not know, which a privileged container gets where the host has them.
+NEWER_CAPS = {"CAP_PERFMON": 38, "CAP_BPF": 39, "CAP_CHECKPOINT_RESTORE": 40}
+
+
+def _host_has(caps: dict[str, int]) -> list[str]:
+    status = Path("/proc/self/status").read_text()
+    (bounding,) = (line.split()[1] for line in status.splitlines() if line.startswith("CapBnd:"))
+    return [cap for cap, bit in caps.items() if int(bounding, 16) >> bit & 1]
 
 
 def _grantable() -> set[str]:
-    status = Path("/proc/self/status").read_text()
-    (bounding,) = (line.split()[1] for line in status.splitlines() if line.startswith("CapBnd:"))
-    return {cap for cap, bit in SOME_CAPS.items() if int(bounding, 16) >> bit & 1}
+    return set(_host_has(SOME_CAPS))
 
 
 def _run_wrapper(tmp_path: Path, *args: str) -> list[str]:
@@ -39,7 +45,7 @@ def _run_wrapper(tmp_path: Path, *args: str) -> list[str]:
     return record.read_text().splitlines()
 
 
-def test_a_privileged_container_asks_runc_only_for_capabilities_the_host_can_grant(
+def test_a_privileged_container_gets_every_capability_the_host_can_grant_and_no_other(
     tmp_path: Path,
 ) -> None:
     bundle = tmp_path / "bundle"
@@ -51,8 +57,22 @@ def test_a_privileged_container_asks_runc_only_for_capabilities_the_host_can_gra
     assert _run_wrapper(tmp_path, *args) == args, "runc gets the same arguments"
 
     granted = json.loads((bundle / "config.json").read_text())["process"]["capabilities"]
-    expected = [cap for cap in EVERY_CAP if cap in _grantable()]
+    expected = [cap for cap in EVERY_CAP if cap in _grantable()] + _host_has(NEWER_CAPS)
     assert granted == {kind: expected for kind in sets}
+
+
+def test_a_container_without_cap_sys_admin_gets_no_newer_capability(tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    asked = ["CAP_CHOWN", "CAP_NET_ADMIN"]
+    (bundle / "config.json").write_text(
+        json.dumps({"process": {"capabilities": {"bounding": asked, "effective": asked}}})
+    )
+
+    _run_wrapper(tmp_path, "create", "--bundle", str(bundle), "c1")
+
+    granted = json.loads((bundle / "config.json").read_text())["process"]["capabilities"]
+    assert granted == {"bounding": asked, "effective": asked}
 
 
 def test_docker_exec_privileged_gets_the_same_treatment(tmp_path: Path) -> None:
@@ -63,7 +83,10 @@ def test_docker_exec_privileged_gets_the_same_treatment(tmp_path: Path) -> None:
 
     granted = json.loads(process.read_text())
     assert granted["args"] == ["sh"]
-    assert granted["capabilities"]["bounding"] == [c for c in EVERY_CAP if c in _grantable()]
+    assert granted["capabilities"]["bounding"] == [
+        *(c for c in EVERY_CAP if c in _grantable()),
+        *_host_has(NEWER_CAPS),
+    ]
 
 
 def _kind_config(image_var: str) -> dict[str, object]:
