@@ -1,10 +1,12 @@
 """One diagnostics dump for a failed `make up` and a failed e2e test: the gymkube objects,
-workloads, events, pod descriptions, the operator's logs and the nodes, as kubectl shows them."""
+workloads, events, pod descriptions, the logs of the operator and of the pools' routers and env
+servers, and the nodes, as kubectl shows them."""
 
 import subprocess
 import sys
 
 from gymkube_operator.kinds import GROUP
+from gymkube_operator.labels import COMPONENT_LABEL
 
 from gymkube_dev.chart import release_selector
 from gymkube_dev.kube import Kube
@@ -27,6 +29,11 @@ def sections(namespace: str, operator_namespace: str, release: str) -> dict[str,
         "operator logs": [*operator_logs, "--all-containers", "--prefix", "--tail=300"],
         "operator logs (previous container)": [
             *operator_logs, "--all-containers", "--prefix", "--previous", "--tail=100",
+        ],
+        # Where a session or an episode went: the routers place and replay them.
+        f"router and env server logs in {ns}": [
+            "logs", "-n", ns, "-l", f"{COMPONENT_LABEL} in (router,envserver)", "--all-containers",
+            "--prefix", "--tail=300", "--max-log-requests=20",
         ],
         "nodes": ["describe", "nodes"],
     }  # fmt: skip
