@@ -2,9 +2,10 @@
 
     gymkube-train --checkpoint-dir /checkpoints/run --model-path /models/m -- python3 -m verl...
 
-The operator starts every TrainingRun through it (a Job's command, a RayJob's entrypoint). Before training it checks that a local
-model path holds a model and that a custom agent loop imports and is an AgentLoopBase, so a wrong
-path or a broken loop fails in seconds, not after Ray and vLLM have started.
+The operator starts every TrainingRun through it (a Job's command, a RayJob's entrypoint). Before
+training it checks that a local model path holds a model and that a custom agent loop imports and
+is an AgentLoopBase, so a wrong path or a broken loop fails in seconds, not after Ray and vLLM have
+started.
 While the trainer runs, its output passes through unchanged, and every step verl's FileLogger
 records (on a Ray cluster, with --steps-from-log, every step line of verl's console logger)
 becomes one `gymkube-progress {json}` line (step, total steps, mean reward, step times,
