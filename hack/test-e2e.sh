@@ -59,8 +59,9 @@ choose_cluster() {
 	esac
 }
 
-# cluster=kind|local, started_here=true|false, kubeconfig=PATH, controllers=true (KubeRay and
-# Kueue installed) and registry=HOST:PORT, one per line.
+# cluster=kind|local, started_here=true|false, kubeconfig=PATH, network_policy_enforced=true
+# (Cilium is kind's CNI), controllers=true (KubeRay and Kueue installed) and registry=HOST:PORT,
+# one per line.
 E2E_STATE=out/e2e/cluster.env
 
 state() { sed -n "s/^$1=//p" "$E2E_STATE" 2>/dev/null; }
@@ -79,6 +80,10 @@ prepare() {
 	printf 'cluster=%s\nstarted_here=%s\n' "$cluster" "$started_here" >"$E2E_STATE"
 	if [[ $cluster == kind ]]; then
 		kubeconfig=$(hack/kind-up.sh "${images[@]}")
+		# Cilium as kind's CNI, so the pools' NetworkPolicies are enforced as on a user's cluster
+		# (first, so the pods that follow get their addresses from it).
+		hack/cilium.sh install
+		printf 'network_policy_enforced=true\n' >>"$E2E_STATE"
 	else
 		hack/local-cluster.sh up
 		hack/local-cluster.sh load-image "${images[@]}"
@@ -102,6 +107,7 @@ run() {
 	[[ -z $(state registry) ]] || hack/registry.sh push "$(state cluster)"
 	GYMKUBE_E2E_KUBECONFIG=$kubeconfig GYMKUBE_E2E_IMAGE_TAG=$tag GYMKUBE_E2E_REGISTRY=$(state registry) \
 		GYMKUBE_E2E_CONTROLLERS=$(state controllers | grep . || echo false) \
+		GYMKUBE_E2E_NETWORK_POLICY_ENFORCED=$(state network_policy_enforced | grep . || echo false) \
 		.venv/bin/python -m pytest -m e2e --durations=0 tests/e2e "$@"
 }
 

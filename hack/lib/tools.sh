@@ -7,3 +7,7 @@ GYMKUBE_HACK_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 source "$GYMKUBE_HACK_DIR/versions.env"
 GYMKUBE_CACHE=${GYMKUBE_CACHE:-$HOME/.cache/gymkube}
 GYMKUBE_BIN_DIR=${GYMKUBE_BIN_DIR:-$GYMKUBE_CACHE/bin/$KUBERNETES_VERSION}
+# Cilium's binaries (package:binary), which hack/build-tools.sh cilium builds and hack/cilium.sh
+# puts in its image: what its agent pod and operator pod run.
+CILIUM_BINARIES=(daemon:cilium-agent operator:cilium-operator-generic plugins/cilium-cni:cilium-cni
+	cilium-dbg:cilium-dbg tools/mount:cilium-mount tools/sysctlfix:cilium-sysctlfix)

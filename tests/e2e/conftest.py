@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from e2e_cluster import (
     OPT_IN,
+    TEST_NAMESPACE_LABEL,
     Cluster,
     E2ESettings,
     api_path,
@@ -30,7 +31,6 @@ from gymkube_operator.labels import COMPONENT_LABEL
 NAMESPACE_DELETE_TIMEOUT_S = 300.0
 POOL_DELETE_TIMEOUT_S = 120.0
 ENVSERVERS = f"{COMPONENT_LABEL}=envserver"
-TEST_NAMESPACE_LABEL = "gymkube-e2e"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -127,6 +127,12 @@ class E2ESettings(BaseSettings):
         "runs that queue in Kueue and train as a RayJob need them.",
     )
 
+    network_policy_enforced: bool = Field(
+        False,
+        description="The cluster's network plugin enforces NetworkPolicy (hack/test-e2e.sh makes "
+        "Cilium kind's CNI): the test that a policy keeps pods out needs it.",
+    )
+
     def image(self, component: str) -> str:
         return image_ref(component, self.image_tag)
 
@@ -136,10 +142,19 @@ class E2ESettings(BaseSettings):
         return self.image("preflight")
 
 
+# Every namespace a test makes carries this label; the session ends when none is left.
+TEST_NAMESPACE_LABEL = "gymkube-e2e"
+# Namespaces with this label may scrape the env servers' /metrics through the pools' policies, as
+# a user's monitoring namespace would (the chart's networkPolicy.metricsScrapers).
+SCRAPER_NAMESPACE_LABELS = {"gymkube-e2e-scraper": "true"}
+
+
 def chart_values(settings: E2ESettings) -> dict[str, Any]:
-    """Values pointing the chart at the images under test (loaded into the cluster, not pulled)."""
+    """Values pointing the chart at the images under test (loaded into the cluster, not pulled),
+    with the e2e scrapers' namespaces let through the pools' NetworkPolicies."""
     tag = {"tag": settings.image_tag}
     return {
+        "networkPolicy": {"metricsScrapers": {"namespaceLabels": SCRAPER_NAMESPACE_LABELS}},
         "image": {"tag": settings.image_tag, "pullPolicy": settings.image_pull_policy},
         "defaultImages": {
             "envServer": tag,

@@ -1,16 +1,20 @@
 """A pool's NetworkPolicy on a real cluster: it exists, its selectors pick the pool's real pods and
-the real operator pod, the pool works under it, and /admin/* is not served on the session port.
+the real operator pod, the pool works under it, /admin/* is not served on the session port, and,
+where the network plugin enforces NetworkPolicy (Cilium on kind, hack/cilium.sh), a monitoring
+namespace the chart names scrapes the env servers' /metrics while other pods are kept out.
 
-Whether traffic is dropped depends on the cluster's network plugin; the local cluster's CNI bridge
-does not enforce NetworkPolicy, so refusal by the network itself is not asserted here
-(docs/envpool.md#network-policy).
+The local cluster's CNI bridge does not enforce NetworkPolicy; there the refusal test is skipped
+(GYMKUBE_E2E_NETWORK_POLICY_ENFORCED unset) and the rest runs (docs/envpool.md#network-policy).
 """
 
 import json
+from collections.abc import Iterator
 
 import pytest
 from e2e_cluster import (
     ENVSERVER_PORT,
+    SCRAPER_NAMESPACE_LABELS,
+    TEST_NAMESPACE_LABEL,
     Cluster,
     E2ESettings,
     Object,
@@ -18,6 +22,7 @@ from e2e_cluster import (
     envpool_manifest,
     envserver_selector,
     gymkube_path,
+    wait_until,
 )
 from gymkube_operator.labels import COMPONENT_LABEL, POOL_LABEL
 
@@ -103,3 +108,115 @@ def test_the_pool_policy_selects_its_real_pods_and_the_pool_works_under_it(
     )
     assert answer.strip() == "404"
     assert operator.pod_ready(namespace, server) is not None, "the server did not drain"
+
+
+# What a scrape answers from inside a pod: the HTTP status and the body, or the error when the
+# network gave no answer (a policy drops the packets: the connect times out).
+SCRAPE = """
+import json, sys, urllib.request as u
+answers = {}
+for url in json.loads(sys.argv[1]):
+    try:
+        with u.urlopen(url, timeout=5) as answer:
+            answers[url] = {"status": answer.status, "body": answer.read().decode()}
+    except OSError as err:
+        answers[url] = {"error": repr(err)}
+print(json.dumps(answers))
+"""
+
+
+def _idle_pod(name: str, image: str, pull_policy: str) -> Object:
+    """A pod that only waits, from a gymkube image (which carries Python), for kubectl exec."""
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": image,
+                    "imagePullPolicy": pull_policy,
+                    "command": ["python3", "-c", "import time; time.sleep(3600)"],
+                }
+            ],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+
+
+def _scrape(operator: Cluster, namespace: str, pod: str, urls: list[str]) -> dict[str, Object]:
+    out = operator.kubectl(
+        "exec", "-n", namespace, pod, "--", "python3", "-c", SCRAPE, json.dumps(urls)
+    )
+    answers: dict[str, Object] = json.loads(out)
+    return answers
+
+
+@pytest.fixture
+def scraper_namespace(operator: Cluster, namespace: str) -> Iterator[str]:
+    """A namespace labelled as the chart's metricsScrapers name, like a user's monitoring one."""
+    name = f"{namespace}-mon"[:63]
+    operator.create(
+        api_path("v1", "namespaces"),
+        {"metadata": {"name": name, "labels": {TEST_NAMESPACE_LABEL: "true",
+                                                **SCRAPER_NAMESPACE_LABELS}}},
+    )  # fmt: skip
+    yield name
+    operator.delete(api_path("v1", "namespaces", name=name))
+
+
+def test_an_enforced_policy_lets_the_named_scrapers_in_and_keeps_other_pods_out(
+    operator: Cluster, settings: E2ESettings, namespace: str, scraper_namespace: str
+) -> None:
+    if not settings.network_policy_enforced:
+        pytest.skip(
+            "the cluster's network plugin does not enforce NetworkPolicy; hack/test-e2e.sh makes "
+            "Cilium kind's CNI and sets GYMKUBE_E2E_NETWORK_POLICY_ENFORCED=true"
+        )
+    operator.create(gymkube_path("envpools", namespace), envpool_manifest("lake", "frozen_lake", 2))
+    image = settings.image("router")
+    operator.create(
+        api_path("v1", "pods", scraper_namespace),
+        _idle_pod("prometheus", image, settings.image_pull_policy),
+    )
+    # A pod beside the pool that is none of its routers, clients or the operator.
+    operator.create(api_path("v1", "pods", namespace),
+                    _idle_pod("bystander", image, settings.image_pull_policy))  # fmt: skip
+    operator.wait_pool_ready(namespace, "lake")
+    for ns, pod in ((scraper_namespace, "prometheus"), (namespace, "bystander")):
+        wait_until(
+            lambda ns=ns, pod=pod: operator.pod_ready(ns, pod),  # type: ignore[misc]
+            timeout=settings.pod_start_timeout_s,
+            what=f"pod {ns}/{pod} Ready",
+        )
+
+    # What a Prometheus scrapes: each env server by its pod address (a ServiceMonitor's
+    # endpoints), the router through the pool's Service, and the operator by its pod address
+    # (the chart's PodMonitor).
+    servers = [f"http://{pod['status']['podIP']}:{ENVSERVER_PORT}/metrics"
+               for pod in operator.pods(namespace, envserver_selector("lake"))]  # fmt: skip
+    assert len(servers) == 2
+    router = f"http://lake.{namespace}.svc:{ENVSERVER_PORT}/metrics"
+    (operator_pod,) = operator.pods(settings.operator_namespace, f"{COMPONENT_LABEL}=operator")
+    ports = operator_pod["spec"]["containers"][0]["ports"]
+    (metrics_port,) = [port["containerPort"] for port in ports if port["name"] == "metrics"]
+    operator_metrics = f"http://{operator_pod['status']['podIP']}:{metrics_port}/metrics"
+    families = {router: "gymkube_router_requests", operator_metrics: "gymkube_operator_reconciles",
+                **{url: "gymkube_envserver_requests" for url in servers}}  # fmt: skip
+
+    # A new pod's policy identity can lag its Ready by a moment: the scrape is retried until every
+    # target answers, then each must answer with its own families.
+    def scraped() -> dict[str, Object] | None:
+        answers = _scrape(operator, scraper_namespace, "prometheus", list(families))
+        return answers if all("status" in a for a in answers.values()) else None
+
+    answers = wait_until(scraped, timeout=60, what="the scraper to reach each /metrics", interval=2)
+    for url, family in families.items():
+        assert answers[url]["status"] == 200, url
+        assert family in answers[url]["body"], f"{url} has no {family}"
+
+    # The bystander reaches the router (no policy there) but not the env servers: the refusal is
+    # the pool's policy, not a broken network.
+    refused = _scrape(operator, namespace, "bystander", [router, *servers])
+    assert refused[router].get("status") == 200, refused[router]
+    for url in servers:
+        assert "error" in refused[url], f"the bystander read {url}: the policy is not enforced"
