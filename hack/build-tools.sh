@@ -246,6 +246,11 @@ build_cilium() {
 	rmdir "$scratch"
 }
 
+all_current() {
+	local tool
+	for tool in "$@"; do is_current "$tool" || return 1; done
+}
+
 main() {
 	local requested=("$@") stale=() stale_kube=() tool
 	((${#requested[@]})) || requested=("${DEFAULT_TOOLS[@]}")
@@ -254,6 +259,12 @@ main() {
 	done
 	command -v go >/dev/null || die "Go is required (https://go.dev/doc/install)"
 	mkdir -p "$GYMKUBE_BIN_DIR" "$SRC_DIR"
+	# Tools already built need no lock: a caller does not wait behind another's build of others
+	# (binaries land by rename, so a check never sees half a file).
+	if all_current "${requested[@]}"; then
+		log "up to date in $GYMKUBE_BIN_DIR"
+		return
+	fi
 	# Several checkouts may run `make test` at once; one builder at a time per cache.
 	exec 9>"$GYMKUBE_CACHE/build.lock"
 	flock 9

@@ -32,7 +32,6 @@ NODE_PACKAGES=(systemd conntrack iptables nftables iproute2 ethtool util-linux m
 	libseccomp2 pigz bash ca-certificates curl jq procps containerd runc containernetworking-plugins)
 # kube-proxy programs iptables from inside its own container.
 KUBE_PROXY_PACKAGES=(iptables conntrack)
-NODE_TOOLS=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubelet kubectl kubeadm etcd)
 NODE_FILES=$HACK_DIR/kind/node
 WORK_DIR=$GYMKUBE_CACHE/kind-node
 RECIPE_LABEL=io.gymkube.kind-node-recipe
@@ -171,7 +170,7 @@ main() {
 	fi
 	ensure_debootstrap
 	MIRROR=${DEBIAN_MIRROR:-$(apt_mirror)}
-	"$HACK_DIR/build-tools.sh" "${NODE_TOOLS[@]}"
+	"$HACK_DIR/build-tools.sh" "${KIND_NODE_TOOLS[@]}"
 	mkdir -p "$WORK_DIR"
 	root=$(build_rootfs)
 	log "importing $KIND_LOCAL_NODE_IMAGE"

@@ -67,7 +67,7 @@ E2E_STATE=out/e2e/cluster.env
 state() { sed -n "s/^$1=//p" "$E2E_STATE" 2>/dev/null; }
 
 prepare() {
-	local cluster started_here=false kubeconfig
+	local cluster started_here=false kubeconfig builds
 	cluster=$(choose_cluster)
 	say "cluster: $cluster"
 	if [[ $cluster == kind ]]; then
@@ -79,7 +79,14 @@ prepare() {
 	mkdir -p "$(dirname "$E2E_STATE")"
 	printf 'cluster=%s\nstarted_here=%s\n' "$cluster" "$started_here" >"$E2E_STATE"
 	if [[ $cluster == kind ]]; then
+		# The Go builds of Cilium, the controllers and the registry (the longest part with cold
+		# caches) take the cores while the node image and the cluster wait on the network and the
+		# disk; the node's own tools first, so that the node image does not wait behind them.
+		hack/build-tools.sh "${KIND_NODE_TOOLS[@]}"
+		hack/build-tools.sh cilium kuberay kueue registry &
+		builds=$!
 		kubeconfig=$(hack/kind-up.sh "${images[@]}")
+		wait "$builds"
 		# Cilium as kind's CNI, so the pools' NetworkPolicies are enforced as on a user's cluster
 		# (first, so the pods that follow get their addresses from it).
 		hack/cilium.sh install

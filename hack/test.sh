@@ -32,10 +32,9 @@ setsid bash -c '"$1" --no-print-directory images && hack/test-e2e.sh prepare &&
 	>"$PREPARE_LOG" 2>&1 </dev/null &
 prepare_pid=$!
 
-# The Kubernetes tools pytest's integration tier needs and the e2e suite's registry, built (niced)
-# while the images are; the kind node image waits for them (one builder at a time).
+# The Kubernetes tools pytest's integration tier needs, built (niced) while the images are; the
+# readying builds the rest (the registry, Cilium, the controllers) after them, one builder at a time.
 hack/build-tools.sh
-hack/build-tools.sh registry
 # Two workers (tests/conftest.py says what shares one): the tests mostly wait on their own servers.
 .venv/bin/python -m pytest -n 2 --durations=20 tests
 

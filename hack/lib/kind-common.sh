@@ -16,6 +16,8 @@ KIND_POD_SUBNET=10.244.0.0/16
 # kind's kubeadm config must name instead of kubeadm's defaults.
 KIND_ETCD_IMAGE_TAG=${ETCD_VERSION#v}-0
 KIND_COREDNS_IMAGE_TAG=$COREDNS_VERSION
+# The tools the node image holds (hack/build-tools.sh builds them).
+KIND_NODE_TOOLS=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubelet kubectl kubeadm etcd)
 KIND_NAME=${GYMKUBE_KIND_NAME:-gymkube}
 KIND_KUBECONFIG=${GYMKUBE_KIND_KUBECONFIG:-$GYMKUBE_CACHE/kind/kubeconfig}
 
