@@ -32,9 +32,12 @@ setsid bash -c '"$1" --no-print-directory images && hack/test-e2e.sh prepare &&
 	>"$PREPARE_LOG" 2>&1 </dev/null &
 prepare_pid=$!
 
-# The Kubernetes tools pytest's integration tier needs, built (niced) while the images are; the
-# readying builds the rest (the registry, Cilium, the controllers) after them, one builder at a time.
-hack/build-tools.sh
+# The tools pytest runs (the integration tier's control plane, kube-scheduler and kwok for its scale
+# tests, helm and kustomize), built (niced) while the images are; the readying builds the rest (the
+# kubelet and kube-proxy for the node image, the registry, Cilium, the controllers) after them, one
+# builder at a time.
+PYTEST_TOOLS=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm kustomize)
+hack/build-tools.sh "${PYTEST_TOOLS[@]}"
 # Two workers (tests/conftest.py says what shares one): the tests mostly wait on their own servers.
 .venv/bin/python -m pytest -n 2 --durations=20 tests
 
