@@ -220,8 +220,7 @@ build_cilium() {
 	local dir module entry ldflags tags scratch patch
 	dir=$SRC_DIR/cilium-$CILIUM_VERSION-$(cat "$GYMKUBE_HACK_DIR"/cilium/*.patch | sha256sum | cut -c1-8)
 	if [[ ! -f $dir/go.sum ]]; then
-		module=$(cd "$SRC_DIR" && go mod download -json "github.com/cilium/cilium@$CILIUM_VERSION" |
-			sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+		module=$(go_module_dir "github.com/cilium/cilium@$CILIUM_VERSION")
 		[[ -d $module ]] || die "github.com/cilium/cilium@$CILIUM_VERSION is not on the Go module proxy"
 		rm -rf "$dir"
 		cp -r "$module" "$dir.partial"

@@ -37,10 +37,7 @@ tools=$(hack/tool-path.sh)
 kubectl() { "$tools/kubectl" --kubeconfig "$KIND_KUBECONFIG" "$@"; }
 helm() { "$tools/helm" --kubeconfig "$KIND_KUBECONFIG" "$@"; }
 
-module_dir() {
-	(cd "$GYMKUBE_CACHE/src" && go mod download -json "github.com/cilium/cilium@$CILIUM_VERSION") |
-		sed -n 's/^\t"Dir": "\(.*\)",$/\1/p'
-}
+module_dir() { go_module_dir "github.com/cilium/cilium@$CILIUM_VERSION"; }
 
 # Builds IMAGE unless Docker has it from the same recipe.
 image() {

@@ -59,10 +59,6 @@ load_images() {
 }
 
 # The directory of MODULE@VERSION's source in the Go module cache (downloaded when missing).
-module_dir() {
-	(cd "$GYMKUBE_CACHE/src" && go mod download -json "$1") | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p'
-}
-
 # Builds IMAGE around TOOL's binary unless Docker has it from the same recipe.
 build_image() {
 	local tool=$1 image=$2 recipe context version_var=${1^^}_VERSION
@@ -88,8 +84,8 @@ images() {
 # absolute ones), rendered into one stream of manifests.
 render() {
 	local kuberay kueue overlay kustomize
-	kuberay=$(module_dir "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION")
-	kueue=$(module_dir "sigs.k8s.io/kueue@$KUEUE_VERSION")
+	kuberay=$(go_module_dir "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION")
+	kueue=$(go_module_dir "sigs.k8s.io/kueue@$KUEUE_VERSION")
 	[[ -d $kuberay/config && -d $kueue/config ]] || { say "error: the controllers' modules have no config/"; exit 1; }
 	kustomize=$(hack/tool-path.sh)/kustomize
 	overlay=$(mktemp -d)

@@ -11,3 +11,10 @@ GYMKUBE_BIN_DIR=${GYMKUBE_BIN_DIR:-$GYMKUBE_CACHE/bin/$KUBERNETES_VERSION}
 # puts in its image: what its agent pod and operator pod run.
 CILIUM_BINARIES=(daemon:cilium-agent operator:cilium-operator-generic plugins/cilium-cni:cilium-cni
 	cilium-dbg:cilium-dbg tools/mount:cilium-mount tools/sysctlfix:cilium-sysctlfix)
+
+# The directory of Go module PATH@VERSION in the module cache, downloaded when missing (from
+# $GYMKUBE_CACHE/src, outside any checkout's go.mod).
+go_module_dir() {
+	mkdir -p "$GYMKUBE_CACHE/src"
+	(cd "$GYMKUBE_CACHE/src" && go mod download -json "$1") | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p'
+}
