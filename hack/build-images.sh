@@ -63,6 +63,9 @@ declare -A LOCKED=([trainer-cpu]="requirements/trainer-cpu.lock requirements/smo
 declare -A SERVED=([trainer]=1)
 LOCKED_DIR=$REPO_ROOT/out
 LOCKED_CACHE=$GYMKUBE_CACHE/locked
+# The other sets, kept in $WHEELS_CACHE/<set>-<hash> while what decides them is unchanged (see
+# wheels_hash): pip's resolving and the local builds take minutes beside `make test`'s pytest.
+WHEELS_CACHE=$GYMKUBE_CACHE/wheels
 
 # The image names and the default tag (the chart's appVersion) come from gymkube_dev.images.
 images_cli() { PYTHONPATH="$GYMKUBE_HACK_DIR${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m gymkube_dev.images "$1"; }
@@ -142,14 +145,42 @@ stop_server() {
 }
 trap stop_server EXIT
 
+# wheels_hash SET: what decides a set's wheels: its specs, the pins, and every file (tracked or
+# not, but not ignored) under the local directories the specs name. Empty outside a git checkout,
+# where the set is always built.
+wheels_hash() {
+	local set=$1 spec dirs=()
+	for spec in ${WHEEL_SPECS[$set]}; do
+		if [[ $spec == ./* ]]; then dirs+=("$spec"); fi
+	done
+	{
+		echo "${WHEEL_SPECS[$set]} ${NO_DEPS_SPECS[$set]:-}"
+		"$PY" -c 'import sys, pip; print(sys.version, pip.__version__)'
+		cat "$WHEELS_DIR/constraints.txt"
+		if ((${#dirs[@]})); then
+			git -C "$REPO_ROOT" ls-files -z -co --exclude-standard -- "${dirs[@]}" |
+				(cd "$REPO_ROOT" && xargs -0 -r sha256sum)
+		fi
+	} | sha256sum | cut -c1-16
+	git -C "$REPO_ROOT" rev-parse --git-dir >/dev/null 2>&1 || echo uncached
+}
+
 build_wheels() { # $1: wheel set
-	local set=$1 dir=$WHEELS_DIR/$1 constraint=(--constraint "$WHEELS_DIR/constraints.txt")
+	local set=$1 dir=$WHEELS_DIR/$1 constraint=(--constraint "$WHEELS_DIR/constraints.txt") hash cached
 	if [[ -v LOCKED[$set] ]]; then
 		build_locked_wheels "$set"
 		return
 	fi
 	[[ $set == trainer ]] && constraint=()
 	rm -rf "$dir"
+	hash=$(wheels_hash "$set" | paste -sd-)
+	cached=$WHEELS_CACHE/$set-$hash
+	if [[ -f $cached/.complete ]]; then
+		log "wheels for $set: cached ($cached)"
+		cp -a "$cached" "$dir"
+		rm "$dir/.complete"
+		return
+	fi
 	log "wheels for $set: ${WHEEL_SPECS[$set]}"
 	# shellcheck disable=SC2086 # the specs are a word list
 	(cd "$REPO_ROOT" && "$PY" -m pip wheel --quiet --disable-pip-version-check --wheel-dir "$dir" \
@@ -159,6 +190,14 @@ build_wheels() { # $1: wheel set
 		"$PY" -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir "$dir" \
 			"${constraint[@]}" ${NO_DEPS_SPECS[$set]}
 	fi
+	[[ $hash == *uncached ]] && return
+	# Only the newest hash of a set stays; copied beside it and renamed into place, so an
+	# interrupted copy is never taken for a finished one.
+	mkdir -p "$WHEELS_CACHE"
+	rm -rf "$WHEELS_CACHE/$set"-????????????????
+	cp -a "$dir" "$cached.partial"
+	touch "$cached.partial/.complete"
+	mv "$cached.partial" "$cached"
 }
 
 check_python_abi() { # $1: base image

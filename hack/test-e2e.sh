@@ -6,7 +6,8 @@
 #   hack/test-e2e.sh prepare                the cluster up and the images loaded
 #   hack/test-e2e.sh run [PYTEST_ARG...]    tests/e2e on the cluster prepare readied
 #   hack/test-e2e.sh run-light              the tests not marked heavy, leaving the operator in
-#   hack/test-e2e.sh run-heavy              then the heavy ones (CPU trainings, the image push)
+#   hack/test-e2e.sh push                   the images pushed to the registry beside the cluster
+#   hack/test-e2e.sh run-heavy              then the heavy ones (CPU trainings; pushes if not yet)
 #   hack/test-e2e.sh down                   that cluster removed, if prepare started it
 #
 # The phases let `make test` (hack/test.sh) ready the cluster and run the light tests while
@@ -62,8 +63,8 @@ choose_cluster() {
 }
 
 # cluster=kind|local, started_here=true|false, kubeconfig=PATH, network_policy_enforced=true
-# (Cilium is kind's CNI), controllers=true (KubeRay and Kueue installed) and registry=HOST:PORT,
-# one per line.
+# (Cilium is kind's CNI), controllers=true (KubeRay and Kueue installed), registry=HOST:PORT and
+# pushed=true (the images are in it), one per line.
 E2E_STATE=out/e2e/cluster.env
 
 state() { sed -n "s/^$1=//p" "$E2E_STATE" 2>/dev/null; }
@@ -119,11 +120,14 @@ suite() {
 		.venv/bin/python -m pytest -m "$selection" --durations=0 tests/e2e "$@"
 }
 
-# The images pushed to the registry beside the cluster, for the registry test (a heavy one). Not in
-# prepare: gzip of the pushed layers takes both cores for a minute or more, which made Ray time out
-# starting in a pytest run beside `make test`'s prepare.
+# The images pushed to the registry beside the cluster (once), for the registry test (a heavy one).
+# Not in prepare: gzip of the pushed layers takes both cores for a minute or more, which made Ray
+# time out starting in a pytest run beside `make test`'s prepare; `make test` pushes after the
+# light tests, when pytest's Ray and vLLM tests are long done.
 push() {
-	[[ -z $(state registry) ]] || hack/registry.sh push "$(state cluster)"
+	[[ -n $(state registry) && -z $(state pushed) ]] || return 0
+	hack/registry.sh push "$(state cluster)"
+	printf 'pushed=true\n' >>"$E2E_STATE"
 }
 
 down() {
@@ -141,6 +145,7 @@ prepare) prepare ;;
 run) shift && push && suite e2e "$@" ;;
 # The operator stays installed for run-heavy, which follows on the same cluster.
 run-light) GYMKUBE_E2E_KEEP_OPERATOR=true suite "e2e and not heavy" ;;
+push) push ;;
 run-heavy) push && suite "e2e and heavy" ;;
 down) down ;;
 *)

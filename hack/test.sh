@@ -5,9 +5,10 @@
 # Readying the e2e cluster (`make images`, the cluster, the images loaded into its node) takes
 # minutes, mostly Docker and the disk, while the tools build and pytest mostly wait on their own
 # servers and the CPU, so they run side by side; so do the e2e tests that are not heavy, once the
-# cluster is ready. The heavy ones (CPU trainings, the image push) start once both are done: run
-# beside pytest, they made pytest's timing-bound tests fail on 2 cores. The output of what ran
-# beside pytest goes to $BESIDE_LOG and is printed after pytest's.
+# cluster is ready, and then the push of the images to the e2e registry. The heavy tests (CPU
+# trainings, the registry test) start once both are done: run beside pytest, the trainings made
+# pytest's timing-bound tests fail on 2 cores. The output of what ran beside pytest goes to
+# $BESIDE_LOG and is printed after pytest's.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -30,7 +31,7 @@ say "readying the e2e cluster and running its light tests beside pytest (log: $B
 # shellcheck disable=SC2016 # expanded by the inner bash
 setsid bash -c '"$1" --no-print-directory images && hack/test-e2e.sh prepare &&
 	echo "test: the e2e cluster was ready after $SECONDS s" && hack/test-e2e.sh run-light &&
-	echo "test: the light e2e tests passed after $SECONDS s"' _ "${MAKE:-make}" \
+	echo "test: the light e2e tests passed after $SECONDS s" && hack/test-e2e.sh push' _ "${MAKE:-make}" \
 	>"$BESIDE_LOG" 2>&1 </dev/null &
 beside_pid=$!
 

@@ -9,12 +9,14 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from gymkube_agentloop.openenv_provider import GymkubeProvider, PoolFailed
+from gymkube_operator.envpool.builders import selector_string
 from openenv.core.generic_client import GenericEnvClient
 from operator_support import Cluster, OperatorProcess, envpool, eventually
 
 pytestmark = pytest.mark.integration
 
-POOL_SUDOKU = "gymkube.io/envpool=sudoku"
+# The env-server pods only: the router's carry the pool label too, and may come first.
+SUDOKU_SERVERS = selector_string("sudoku")
 
 
 @contextlib.contextmanager
@@ -42,7 +44,7 @@ def test_openenv_reads_why_the_pool_of_an_image_cannot_start_and_the_pool_is_rem
     )
 
     def pull_fails() -> bool:
-        pods = cluster.core.list_namespaced_pod(cluster.namespace, label_selector=POOL_SUDOKU)
+        pods = cluster.core.list_namespaced_pod(cluster.namespace, label_selector=SUDOKU_SERVERS)
         if not pods.items:
             return False
         waiting = {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "nope"'}
