@@ -120,12 +120,12 @@ suite() {
 		.venv/bin/python -m pytest -m "$selection" --durations=0 tests/e2e "$@"
 }
 
-# The images pushed to the registry beside the cluster (once), for the registry test (a heavy one).
+# The images pushed to the registry beside the cluster, for the registry test (a heavy one).
 # Not in prepare: gzip of the pushed layers takes both cores for a minute or more, which made Ray
 # time out starting in a pytest run beside `make test`'s prepare; `make test` pushes after the
 # light tests, when pytest's Ray and vLLM tests are long done.
 push() {
-	[[ -n $(state registry) && -z $(state pushed) ]] || return 0
+	[[ -n $(state registry) ]] || return 0
 	hack/registry.sh push "$(state cluster)"
 	printf 'pushed=true\n' >>"$E2E_STATE"
 }
@@ -146,7 +146,7 @@ run) shift && push && suite e2e "$@" ;;
 # The operator stays installed for run-heavy, which follows on the same cluster.
 run-light) GYMKUBE_E2E_KEEP_OPERATOR=true suite "e2e and not heavy" ;;
 push) push ;;
-run-heavy) push && suite "e2e and heavy" ;;
+run-heavy) { [[ -n $(state pushed) ]] || push; } && suite "e2e and heavy" ;;
 down) down ;;
 *)
 	trap down EXIT
