@@ -5,13 +5,10 @@
 #   hack/test-e2e.sh [PYTEST_ARG...]        prepare, run, down
 #   hack/test-e2e.sh prepare                the cluster up and the images loaded
 #   hack/test-e2e.sh run [PYTEST_ARG...]    tests/e2e on the cluster prepare readied
-#   hack/test-e2e.sh run-light              the tests not marked heavy, leaving the operator in
-#   hack/test-e2e.sh push                   the images pushed to the registry beside the cluster
-#   hack/test-e2e.sh run-heavy              then the heavy ones (CPU trainings; pushes if not yet)
 #   hack/test-e2e.sh down                   that cluster removed, if prepare started it
 #
-# The phases let `make test` (hack/test.sh) ready the cluster and run the light tests while
-# pytest runs, and the heavy ones after it; the state between them is $E2E_STATE.
+# The phases let `make test` (hack/test.sh) ready the cluster while pytest runs; the state
+# between them is $E2E_STATE.
 #
 # GYMKUBE_E2E_CLUSTER picks the cluster:
 #   auto (default)     a kind cluster that is up; else the local cluster when it is up; else kind
@@ -63,8 +60,8 @@ choose_cluster() {
 }
 
 # cluster=kind|local, started_here=true|false, kubeconfig=PATH, network_policy_enforced=true
-# (Cilium is kind's CNI), controllers=true (KubeRay and Kueue installed), registry=HOST:PORT and
-# pushed=true (the images are in it), one per line.
+# (Cilium is kind's CNI), controllers=true (KubeRay and Kueue installed) and registry=HOST:PORT,
+# one per line.
 E2E_STATE=out/e2e/cluster.env
 
 state() { sed -n "s/^$1=//p" "$E2E_STATE" 2>/dev/null; }
@@ -108,26 +105,17 @@ prepare() {
 	printf 'registry=%s\n' "$(hack/registry.sh address)" >>"$E2E_STATE"
 }
 
-# suite MARK_EXPR [PYTEST_ARG...]: the e2e tests MARK_EXPR selects, on the cluster prepare readied.
-suite() {
-	local kubeconfig selection=$1
-	shift
+run() {
+	local kubeconfig
 	kubeconfig=$(state kubeconfig)
 	[[ -n $kubeconfig ]] || { say "error: no cluster is ready for e2e; run \`$0 prepare\` first"; exit 2; }
+	# Here, not in prepare: gzip of the pushed layers takes both cores for a minute or more, which
+	# made Ray time out starting in a pytest run beside `make test`'s prepare.
+	[[ -z $(state registry) ]] || hack/registry.sh push "$(state cluster)"
 	GYMKUBE_E2E_KUBECONFIG=$kubeconfig GYMKUBE_E2E_IMAGE_TAG=$tag GYMKUBE_E2E_REGISTRY=$(state registry) \
 		GYMKUBE_E2E_CONTROLLERS=$(state controllers | grep . || echo false) \
 		GYMKUBE_E2E_NETWORK_POLICY_ENFORCED=$(state network_policy_enforced | grep . || echo false) \
-		.venv/bin/python -m pytest -m "$selection" --durations=0 tests/e2e "$@"
-}
-
-# The images pushed to the registry beside the cluster, for the registry test (a heavy one).
-# Not in prepare: gzip of the pushed layers takes both cores for a minute or more, which made Ray
-# time out starting in a pytest run beside `make test`'s prepare; `make test` pushes after the
-# light tests, when pytest's Ray and vLLM tests are long done.
-push() {
-	[[ -n $(state registry) ]] || return 0
-	hack/registry.sh push "$(state cluster)"
-	printf 'pushed=true\n' >>"$E2E_STATE"
+		.venv/bin/python -m pytest -m e2e --durations=0 tests/e2e "$@"
 }
 
 down() {
@@ -142,16 +130,11 @@ down() {
 
 case ${1:-} in
 prepare) prepare ;;
-run) shift && push && suite e2e "$@" ;;
-# The operator stays installed for run-heavy, which follows on the same cluster.
-run-light) GYMKUBE_E2E_KEEP_OPERATOR=true suite "e2e and not heavy" ;;
-push) push ;;
-run-heavy) { [[ -n $(state pushed) ]] || push; } && suite "e2e and heavy" ;;
+run) shift && run "$@" ;;
 down) down ;;
 *)
 	trap down EXIT
 	prepare
-	push
-	suite e2e "$@"
+	run "$@"
 	;;
 esac

@@ -80,14 +80,11 @@ def cluster(settings: E2ESettings) -> Cluster:
 
 @pytest.fixture(scope="session")
 def operator(cluster: Cluster, settings: E2ESettings) -> Iterator[Cluster]:
-    """The chart installed (or upgraded) through pyhelm3; uninstalled after the session unless
-    another session follows (keep_operator)."""
+    """The chart installed (or upgraded) through pyhelm3; uninstalled after the session."""
     namespace = settings.operator_namespace
     values = chart_values(settings)
     chart.install(cluster, settings.release, namespace, values, wait=True, chart_dir=settings.chart)
     yield cluster
-    if settings.keep_operator:
-        return
     # Test namespaces are deleted without waiting (the next test need not wait for them), but
     # the operator must outlive them: it removes its finalizers from the pools inside.
     namespaces = api_path("v1", "namespaces")

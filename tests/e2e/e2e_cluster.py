@@ -127,11 +127,6 @@ class E2ESettings(BaseSettings):
         "runs that queue in Kueue and train as a RayJob need them.",
     )
 
-    keep_operator: bool = Field(
-        False,
-        description="Leave the chart installed when the session ends, for a session after it on "
-        "the same cluster (`make test` runs the suite as two sessions, hack/test-e2e.sh).",
-    )
     network_policy_enforced: bool = Field(
         False,
         description="The cluster's network plugin enforces NetworkPolicy (hack/test-e2e.sh makes "

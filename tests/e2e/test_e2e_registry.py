@@ -29,7 +29,7 @@ from gymkube_dev.chart import release_selector
 from gymkube_dev.push import CHART_IMAGE_VALUES, pushed_ref, pushed_values
 from gymkube_operator.labels import COMPONENT_LABEL, POOL_LABEL
 
-pytestmark = [pytest.mark.e2e, pytest.mark.heavy, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 # Pulled by the pods this test sees start: the operator, the pool's env servers and router.
 PULLED = ("operator", "envserver", "router")

@@ -38,7 +38,7 @@ from gymkube_dev.chart import release_selector
 from gymkube_envserver.router.settings import RouterSettings
 
 # The two training runs take several minutes each on a 2-core node.
-pytestmark = [pytest.mark.e2e, pytest.mark.heavy, pytest.mark.timeout(2700)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2700)]
 
 MODEL = "/models/SmolLM2-135M-Instruct"
 BATCH, ROLLOUTS = 2, 2

@@ -33,7 +33,7 @@ from e2e_cluster import (
 )
 from gymkube_agentloop.train import PROGRESS_PREFIX
 
-pytestmark = [pytest.mark.e2e, pytest.mark.heavy, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 # Succeeded within this after creation (images loaded, pools Ready).
