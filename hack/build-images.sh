@@ -146,8 +146,8 @@ stop_server() {
 trap stop_server EXIT
 
 # wheels_hash SET: what decides a set's wheels: its specs, the pins, and every file (tracked or
-# not, but not ignored) under the local directories the specs name. Empty outside a git checkout,
-# where the set is always built.
+# not, but not ignored) under the local directories the specs name (listed by git: outside a
+# checkout the sets are always built).
 wheels_hash() {
 	local set=$1 spec dirs=()
 	for spec in ${WHEEL_SPECS[$set]}; do
@@ -162,20 +162,19 @@ wheels_hash() {
 				(cd "$REPO_ROOT" && xargs -0 -r sha256sum)
 		fi
 	} | sha256sum | cut -c1-16
-	git -C "$REPO_ROOT" rev-parse --git-dir >/dev/null 2>&1 || echo uncached
 }
 
 build_wheels() { # $1: wheel set
-	local set=$1 dir=$WHEELS_DIR/$1 constraint=(--constraint "$WHEELS_DIR/constraints.txt") hash cached
+	local set=$1 dir=$WHEELS_DIR/$1 constraint=(--constraint "$WHEELS_DIR/constraints.txt") hash= cached
 	if [[ -v LOCKED[$set] ]]; then
 		build_locked_wheels "$set"
 		return
 	fi
 	[[ $set == trainer ]] && constraint=()
 	rm -rf "$dir"
-	hash=$(wheels_hash "$set" | paste -sd-)
+	git -C "$REPO_ROOT" rev-parse --git-dir >/dev/null 2>&1 && hash=$(wheels_hash "$set")
 	cached=$WHEELS_CACHE/$set-$hash
-	if [[ -f $cached/.complete ]]; then
+	if [[ -n $hash && -f $cached/.complete ]]; then
 		log "wheels for $set: cached ($cached)"
 		cp -a "$cached" "$dir"
 		rm "$dir/.complete"
@@ -190,7 +189,7 @@ build_wheels() { # $1: wheel set
 		"$PY" -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir "$dir" \
 			"${constraint[@]}" ${NO_DEPS_SPECS[$set]}
 	fi
-	[[ $hash == *uncached ]] && return
+	[[ -n $hash ]] || return 0
 	# Only the newest hash of a set stays; copied beside it and renamed into place, so an
 	# interrupted copy is never taken for a finished one.
 	mkdir -p "$WHEELS_CACHE"

@@ -58,7 +58,6 @@ load_images() {
 	fi
 }
 
-# The directory of MODULE@VERSION's source in the Go module cache (downloaded when missing).
 # Builds IMAGE around TOOL's binary unless Docker has it from the same recipe.
 build_image() {
 	local tool=$1 image=$2 recipe context version_var=${1^^}_VERSION

@@ -18,7 +18,7 @@ import pytest
 from gymkube_dev.ports import free_port
 
 # A Python server's start (its imports) on a loaded 2-core machine: `make test` runs pytest's two
-# workers beside the e2e cluster and its light tests, and an OpenEnv server took over a minute.
+# workers beside the e2e cluster's readying, and an OpenEnv server once took over a minute.
 STARTUP_TIMEOUT = 180.0
 # Fast polling so the tests see pool changes quickly; production defaults are slower.
 FAST_POLLING = ["--poll-interval", "0.2", "--dead-after-seconds", "1"]
