@@ -1,18 +1,24 @@
-"""CPU TrainingRuns beyond one pool and gymkube's loop, as a user writes them, queued in a real
-Kueue: the mixed-pools example over a FrozenLake and a TextArena pool, whose per-pool figures are
-each pool's own episode counts, and the custom-agent-loop example, a user's loop from a ConfigMap
-whose rewards are the pool's own scores, on a pool that starts at zero, grows for the run's demand
-and returns to zero after it. Both go to one LocalQueue whose quota holds one run: the
-second waits, says why in Kueue's words, and trains once the first is done. Each trains a step or
-two of SmolLM2-135M on the CPU trainer image."""
+"""CPU TrainingRuns beyond one pool, one node and gymkube's loop, as a user writes them, queued in a
+real Kueue: the mixed-pools example over a FrozenLake and a TextArena pool, whose per-pool figures
+are each pool's own episode counts, and the custom-agent-loop example on two nodes, a user's loop
+from a ConfigMap whose rewards are the pool's own scores, on a pool that starts at zero, grows for
+the run's demand and returns to zero after it. Both go to one LocalQueue whose quota holds one run:
+the second waits, says why in Kueue's words, and trains once the first is done. The second is a
+RayJob that Kueue admits (its RayJob integration): KubeRay starts a Ray head and a Ray worker from
+the CPU trainer image, each with the user's loop mounted, and verl trains across both (a vLLM
+server on each), its progress read from KubeRay's submitter pod as from a one-node trainer's. Each
+trains a step or two of SmolLM2-135M on the CPU trainer image."""
 
 import json
+import re
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from e2e_cluster import (
+    KUEUE_API,
     Cluster,
     E2ESettings,
     api_path,
@@ -34,6 +40,14 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TRAINING_TIMEOUT_S = 1200.0
 # What a CI node can hold beside the pools: the examples ask for a larger one.
 SMALL_TRAINER = {"requests": {"cpu": "500m", "memory": "4Gi"}, "limits": {"memory": "16Gi"}}
+# Each Ray node of the two-node run: what the e2e node (2 cores, beside the control plane and the
+# pools) can schedule twice, and what Kueue's one-run quota holds with the submitter pod, but not
+# beside the running first run; the limit is above what a node was measured to use.
+RAY_NODE = {"requests": {"cpu": "200m", "memory": "2Gi"}, "limits": {"memory": "12Gi"}}
+RAY_NODE_TYPE = "ray.io/node-type"
+# The Ray nodes' memory high-water mark as their cgroup counts it (v2, else v1), read while the
+# run trains.
+MEMORY_FILES = ("memory.peak", "memory/memory.max_usage_in_bytes")
 # Three pools at once on a 2-core node that also runs the control plane, KubeRay and Kueue: the
 # examples' CPU requests would leave the trainer none.
 SMALL_POOL = {"resources": {"cpu": "20m"}, "router": {"cpu": "10m"}}
@@ -82,9 +96,9 @@ def _step_lines(operator: Cluster, namespace: str, pod: str) -> list[dict[str, A
     """The trainer's step lines (`gymkube-progress` with stepSeconds), from its pod's log."""
     log = operator.kubectl("logs", "-n", namespace, pod, "-c", "trainer", timeout=60)
     lines = [
-        json.loads(line.removeprefix(PROGRESS_PREFIX))
+        json.loads(line.strip().removeprefix(PROGRESS_PREFIX))
         for line in log.splitlines()
-        if line.startswith(PROGRESS_PREFIX)
+        if line.strip().startswith(PROGRESS_PREFIX)
     ]
     return [line for line in lines if "stepSeconds" in line]
 
@@ -108,7 +122,8 @@ def _mixed_run(queue: str) -> dict[str, Any]:
 def _own_loop_run(queue: str) -> dict[str, Any]:
     (run,) = _docs(EXAMPLES / "custom-agent-loop" / "trainingrun.yaml")
     spec = run["spec"]
-    spec["resources"] = SMALL_TRAINER
+    spec["nodes"] = 2
+    spec["resources"] = RAY_NODE
     spec["queueName"] = queue
     # The pool then plays only the run's training episodes, so its counts are the run's; one
     # batch of rows leaves verl none to start beyond it.
@@ -163,11 +178,15 @@ def test_two_cpu_runs_share_a_kueue_queue_over_several_pools_and_a_users_own_loo
         assert "insufficient unused quota" in waiting["message"], waiting
 
         mixed_status = _succeeded(operator, namespace, mixed_name)
+        # 2. Then the user's loop is admitted and trains on both Ray nodes.
+        ray_nodes = _ray_nodes_while_training(operator, namespace, own_name)
         own_status = _succeeded(operator, namespace, own_name)
+        workloads = operator.get(api_path(KUEUE_API, "workloads", namespace)) or {}
     # Kueue admitted the second only once the first was done.
     assert own_status["startTime"] >= mixed_status["completionTime"], (mixed_status, own_status)
     _check_mixed(operator, namespace, pools, mixed_status)
-    _check_own_loop(operator, namespace, own_pool, own_status)
+    _check_two_nodes(operator, namespace, own_name, own_status, ray_nodes, workloads, queue)
+    _check_own_loop(operator, namespace, own_pool, own_name, ray_nodes)
     # With its run done, the pool goes back to zero after its idle time.
     _wait_at_zero(operator, namespace, own_pool)
 
@@ -202,12 +221,112 @@ def _check_mixed(
     assert status["envPoolUrls"].keys() == set(pools)
 
 
-def _check_own_loop(operator: Cluster, namespace: str, pool: str, status: dict[str, Any]) -> None:
-    # The trainer pod ran the user's class from the mounted ConfigMap.
-    pod = operator.get(api_path("v1", "pods", namespace, status["trainerPod"])) or {}
-    (trainer,) = [c for c in pod["spec"]["containers"] if c["name"] == "trainer"]
-    assert {"name": "PYTHONPATH", "value": "/opt/gymkube/agent-loop"} in trainer["env"]
-    (line,) = _step_lines(operator, namespace, status["trainerPod"])
+def _ray_pods(operator: Cluster, namespace: str, run: str) -> dict[str, Any]:
+    """The run's Ray nodes by node type (head, worker), Running ones only."""
+    pods = operator.pods(namespace, f"{RAY_NODE_TYPE},gymkube.io/trainingrun={run}")
+    return {
+        pod["metadata"]["labels"][RAY_NODE_TYPE]: pod
+        for pod in pods
+        if (pod.get("status") or {}).get("phase") == "Running"
+    }
+
+
+def _memory_mib(operator: Cluster, namespace: str, pod: dict[str, Any]) -> int | None:
+    """The pod's Ray container's cgroup memory high-water mark, MiB."""
+    container = pod["spec"]["containers"][0]["name"]
+    for name in MEMORY_FILES:
+        text = operator.kubectl(
+            "exec",
+            "-n",
+            namespace,
+            pod["metadata"]["name"],
+            "-c",
+            container,
+            "--",
+            "cat",
+            f"/sys/fs/cgroup/{name}",
+            check=False,
+        ).strip()
+        if text.isdigit():
+            return int(text) // 2**20
+    return None
+
+
+def _ray_nodes_while_training(operator: Cluster, namespace: str, run: str) -> dict[str, Any]:
+    """Until RUN ends: both its Ray nodes (as first seen Running together), and the highest
+    memory each used while it trained (printed)."""
+    nodes: dict[str, Any] = {}
+    peaks: dict[str, int] = {}
+    deadline = time.monotonic() + TRAINING_TIMEOUT_S
+    while time.monotonic() < deadline:
+        found = operator.get(gymkube_path("trainingruns", namespace, run)) or {}
+        if any(
+            (condition(found, kind) or {}).get("status") == "True"
+            for kind in ("Succeeded", "Failed")
+        ):
+            break
+        running = _ray_pods(operator, namespace, run)
+        if len(running) == 2:
+            nodes = nodes or running
+            for kind, pod in running.items():
+                used = _memory_mib(operator, namespace, pod)
+                if used is not None:
+                    peaks[kind] = max(peaks.get(kind, 0), used)
+        time.sleep(10)
+    print(json.dumps({"e2e_rayjob": {"memory_peak_mib": peaks}}))
+    return nodes
+
+
+def _submitter(operator: Cluster, namespace: str, run: str) -> str:
+    """KubeRay's submitter pod of a RayJob run, which follows the driver's log on the Ray head (a
+    RayJob run's status names no trainerPod: that is the one-node Job's pod)."""
+    submitters = operator.pods(namespace, f"batch.kubernetes.io/job-name={run}-train")
+    assert submitters, "KubeRay's submitter pod is gone"
+    name: str = submitters[0]["metadata"]["name"]
+    return name
+
+
+def _check_two_nodes(
+    operator: Cluster,
+    namespace: str,
+    run: str,
+    status: dict[str, Any],
+    nodes: dict[str, Any],
+    workloads: dict[str, Any],
+    queue: str,
+) -> None:
+    # The training child was a RayJob, of a head and a worker that ran side by side.
+    assert status["training"]["kind"] == "RayJob", status
+    assert set(nodes) == {"head", "worker"}, nodes
+    # Progress as a one-node run shows it, read from the submitter's log.
+    progress = status["progress"]
+    assert progress["step"] == progress["totalSteps"] == 1, progress
+    assert status["history"]["steps"], status
+    # A vLLM server ran on each Ray node: Ray prefixes a line from another node than the driver's
+    # (the head's) with that node's IP.
+    log = operator.kubectl(
+        "logs", "-n", namespace, _submitter(operator, namespace, run), "-c", "trainer"
+    )
+    servers = set(re.findall(r"\(vLLMHttpServer pid=\d+(?:, ip=([\d.]+))?\)", log))
+    assert servers == {"", nodes["worker"]["status"]["podIP"]}, servers
+    # Kueue admitted the RayJob through the LocalQueue.
+    (workload,) = [
+        w
+        for w in workloads.get("items", [])
+        if any(o["kind"] == "RayJob" for o in w["metadata"].get("ownerReferences", []))
+    ]
+    assert workload["spec"]["queueName"] == queue, workload
+    assert workload["status"].get("admission", {}).get("clusterQueue"), workload["status"]
+
+
+def _check_own_loop(
+    operator: Cluster, namespace: str, pool: str, run: str, nodes: dict[str, Any]
+) -> None:
+    # Both Ray nodes could import the user's class: the ConfigMap mounted on PYTHONPATH.
+    for node in nodes.values():
+        (ray,) = node["spec"]["containers"]
+        assert {"name": "PYTHONPATH", "value": "/opt/gymkube/agent-loop"} in ray["env"], node
+    (line,) = _step_lines(operator, namespace, _submitter(operator, namespace, run))
     print(json.dumps({"e2e_own_loop_step": line}))
     # The pool played the step's 2 x 2 episodes through the user's loop, and verl's reward is
     # the pool's own score: its mean over the episodes the loop finished equals the pool's score
