@@ -4,7 +4,9 @@
 #
 #   hack/test-e2e.sh [PYTEST_ARG...]        prepare, run, down
 #   hack/test-e2e.sh prepare                the cluster up and the images loaded
-#   hack/test-e2e.sh run [PYTEST_ARG...]    tests/e2e on the cluster prepare readied
+#   hack/test-e2e.sh run [PYTEST_ARG...]    tests/e2e on the cluster prepare readied (with no
+#                                           argument: the tests not marked solo on two workers,
+#                                           then the solo ones; with some: one plain session)
 #   hack/test-e2e.sh down                   that cluster removed, if prepare started it
 #
 # The phases let `make test` (hack/test.sh) ready the cluster while pytest runs; the state
@@ -105,17 +107,34 @@ prepare() {
 	printf 'registry=%s\n' "$(hack/registry.sh address)" >>"$E2E_STATE"
 }
 
+# suite PYTEST_ARG...: pytest on tests/e2e, against the cluster prepare readied.
+suite() {
+	GYMKUBE_E2E_KUBECONFIG=$(state kubeconfig) GYMKUBE_E2E_IMAGE_TAG=$tag \
+		GYMKUBE_E2E_REGISTRY=$(state registry) \
+		GYMKUBE_E2E_CONTROLLERS=$(state controllers | grep . || echo false) \
+		GYMKUBE_E2E_NETWORK_POLICY_ENFORCED=$(state network_policy_enforced | grep . || echo false) \
+		.venv/bin/python -m pytest --durations=0 tests/e2e "$@"
+}
+
 run() {
-	local kubeconfig
-	kubeconfig=$(state kubeconfig)
-	[[ -n $kubeconfig ]] || { say "error: no cluster is ready for e2e; run \`$0 prepare\` first"; exit 2; }
+	[[ -n $(state kubeconfig) ]] || { say "error: no cluster is ready for e2e; run \`$0 prepare\` first"; exit 2; }
 	# Here, not in prepare: gzip of the pushed layers takes both cores for a minute or more, which
 	# made Ray time out starting in a pytest run beside `make test`'s prepare.
 	[[ -z $(state registry) ]] || hack/registry.sh push "$(state cluster)"
-	GYMKUBE_E2E_KUBECONFIG=$kubeconfig GYMKUBE_E2E_IMAGE_TAG=$tag GYMKUBE_E2E_REGISTRY=$(state registry) \
-		GYMKUBE_E2E_CONTROLLERS=$(state controllers | grep . || echo false) \
-		GYMKUBE_E2E_NETWORK_POLICY_ENFORCED=$(state network_policy_enforced | grep . || echo false) \
-		.venv/bin/python -m pytest -m e2e --durations=0 tests/e2e "$@"
+	if (($#)); then
+		suite -m e2e "$@"
+		return
+	fi
+	# Two sessions. First the tests not marked solo, on two workers (tests/conftest.py): the queued
+	# CPU trainings keep one to themselves while the rest, which mostly wait on the cluster, run on
+	# the other; the chart stays installed for the second session, the solo tests one at a time with
+	# nothing beside them. The second runs whatever the first's outcome, so a run reports every
+	# failure.
+	local failed=0
+	GYMKUBE_E2E_KEEP_OPERATOR=true suite -m "e2e and not solo" -n 2 --no-loadscope-reorder ||
+		failed=$?
+	suite -m "e2e and solo" || failed=$?
+	return "$failed"
 }
 
 down() {

@@ -2,13 +2,18 @@
 `pytest -n 2`): each file stays on one worker, so its module fixtures (servers, JVMs) start once;
 the integration tier shares one worker and so one private control plane; and the files that start
 Ray or vLLM take turns on one worker, since two at once would not fit the memory and cores of a
-small machine beside the rest. They go first: they are the longest share."""
+small machine beside the rest. They go first: they are the longest share.
+
+The e2e suite's tests that are not `solo` run the same way on two workers (hack/test-e2e.sh): the
+queued CPU trainings take one worker to themselves, first, while the other runs the rest beside
+them (those mostly wait on the cluster)."""
 
 from pathlib import Path
 
 import pytest
 from xdist.remote import Producer
 from xdist.scheduler import LoadScopeScheduling
+from xdist.workermanage import WorkerController
 
 # Relative to tests/: files whose tests start Ray or a vLLM engine.
 RAY_OR_VLLM = {
@@ -18,6 +23,10 @@ RAY_OR_VLLM = {
 }
 RAY_OR_VLLM_GROUP = "ray-or-vllm"
 CONTROL_PLANE_GROUP = "control-plane"
+# Relative to tests/: files that keep a worker to themselves: it runs nothing else.
+WORKER_TO_ITSELF = {"e2e/test_e2e_training_mixed.py"}
+# The shares that start first.
+FIRST = {RAY_OR_VLLM_GROUP, *WORKER_TO_ITSELF}
 TESTS = Path(__file__).parent
 
 
@@ -39,6 +48,15 @@ class ByFileOrGroup(LoadScopeScheduling):
         path = nodeid.split("::", 1)[0]
         return _group(path.removeprefix(f"{TESTS.name}/"))
 
+    def _reschedule(self, node: WorkerController) -> None:
+        # A worker given a share that keeps it to itself gets nothing after it: it is told to end
+        # (and so runs its last test, which an xdist worker holds back until it knows what follows).
+        if WORKER_TO_ITSELF.intersection(self.assigned_work[node]):
+            if not node.shutting_down:
+                node.shutdown()
+            return
+        super()._reschedule(node)
+
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> LoadScopeScheduling:
@@ -47,6 +65,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> LoadSco
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def starts_later(item: pytest.Item) -> bool:
-        return _group(item.path.relative_to(TESTS).as_posix()) != RAY_OR_VLLM_GROUP
+        return _group(item.path.relative_to(TESTS).as_posix()) not in FIRST
 
     items.sort(key=starts_later)

@@ -7,10 +7,12 @@ cluster (`make test-e2e` brings up the local cluster and sets it). Asking for th
 (`-m e2e`) without a cluster is a usage error, never a silent skip.
 """
 
+import fcntl
 import os
 import re
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -78,13 +80,44 @@ def cluster(settings: E2ESettings) -> Cluster:
     return cluster
 
 
+@contextmanager
+def _chart_users(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[int]]:
+    """How many of the session's processes use the release (pytest-xdist's workers share one),
+    as a one-item list to change, read and written back under a lock on the file that keeps it
+    (beside the workers' own temporary directories)."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    path = shared / "chart-users"
+    with (shared / "chart-users.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        users = [int(path.read_text()) if path.exists() else 0]
+        yield users
+        path.write_text(str(users[0]))
+
+
 @pytest.fixture(scope="session")
-def operator(cluster: Cluster, settings: E2ESettings) -> Iterator[Cluster]:
-    """The chart installed (or upgraded) through pyhelm3; uninstalled after the session."""
+def operator(
+    cluster: Cluster,
+    settings: E2ESettings,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Cluster]:
+    """The chart installed (or upgraded) through pyhelm3 and uninstalled after the session (unless
+    keep_operator); under pytest -n, by the first worker to need it and the last to end."""
     namespace = settings.operator_namespace
-    values = chart_values(settings)
-    chart.install(cluster, settings.release, namespace, values, wait=True, chart_dir=settings.chart)
+    with _chart_users(tmp_path_factory) as users:
+        if users[0] == 0:
+            values = chart_values(settings)
+            chart.install(
+                cluster, settings.release, namespace, values, wait=True, chart_dir=settings.chart
+            )
+        users[0] += 1
     yield cluster
+    with _chart_users(tmp_path_factory) as users:
+        users[0] -= 1
+        others = users[0]
+    if others or settings.keep_operator:
+        return
     # Test namespaces are deleted without waiting (the next test need not wait for them), but
     # the operator must outlive them: it removes its finalizers from the pools inside.
     namespaces = api_path("v1", "namespaces")

@@ -127,6 +127,11 @@ class E2ESettings(BaseSettings):
         "runs that queue in Kueue and train as a RayJob need them.",
     )
 
+    keep_operator: bool = Field(
+        False,
+        description="Leave the chart installed when the session ends, for a session after it on "
+        "the same cluster (hack/test-e2e.sh runs the suite as two sessions).",
+    )
     network_policy_enforced: bool = Field(
         False,
         description="The cluster's network plugin enforces NetworkPolicy (hack/test-e2e.sh makes "
@@ -315,14 +320,16 @@ FAST_WATCHDOG = {
 
 
 def envpool_manifest(name: str, env: str, replicas: int, **spec: Any) -> Object:
-    """A small EnvPool sized for a CI node: the default watchdog, canary off unless asked for."""
+    """A small EnvPool sized for a CI node: the default watchdog, canary off unless asked for.
+    Its CPU requests are token ones: the 2-core node schedules these pools beside the control
+    plane and a CPU training (hack/test-e2e.sh runs tests beside the queued trainings)."""
     body: Object = {
         "env": env,
         "replicas": replicas,
         "sessionsPerReplica": 2,
         "warmSessionsPerReplica": 1,
-        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
-        "router": {"replicas": 1, "resources": {"requests": {"cpu": "20m", "memory": "64Mi"}}},
+        "resources": {"requests": {"cpu": "10m", "memory": "128Mi"}},
+        "router": {"replicas": 1, "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}}},
         "watchdog": {"canaryIntervalSeconds": 0},
     }
     body.update(spec)

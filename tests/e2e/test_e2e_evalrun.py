@@ -25,7 +25,8 @@ from gymkube_operator.evalrun import render
 from gymkube_operator.evalrun.reasons import Reason
 
 # One eval on CPU takes minutes on a 2-core node (vLLM starting, 8 episodes of a 135M model).
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+# Solo: its vLLM's GBs beside the two-node training run would crowd a 24 GiB node.
+pytestmark = [pytest.mark.e2e, pytest.mark.solo, pytest.mark.timeout(1800)]
 
 MODEL = "/models/SmolLM2-135M-Instruct"
 TASKS = 8

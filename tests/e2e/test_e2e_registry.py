@@ -29,7 +29,8 @@ from gymkube_dev.chart import release_selector
 from gymkube_dev.push import CHART_IMAGE_VALUES, pushed_ref, pushed_values
 from gymkube_operator.labels import COMPONENT_LABEL, POOL_LABEL
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+# Solo: it upgrades the release, which another test's upgrade beside it would refuse.
+pytestmark = [pytest.mark.e2e, pytest.mark.solo, pytest.mark.timeout(900)]
 
 # Pulled by the pods this test sees start: the operator, the pool's env servers and router.
 PULLED = ("operator", "envserver", "router")

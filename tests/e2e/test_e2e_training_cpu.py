@@ -37,8 +37,9 @@ from gymkube_dev import chart
 from gymkube_dev.chart import release_selector
 from gymkube_envserver.router.settings import RouterSettings
 
-# The two training runs take several minutes each on a 2-core node.
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2700)]
+# The two training runs take several minutes each on a 2-core node. Solo: it times the frozen
+# step against its other steps, and upgrades the release.
+pytestmark = [pytest.mark.e2e, pytest.mark.solo, pytest.mark.timeout(2700)]
 
 MODEL = "/models/SmolLM2-135M-Instruct"
 BATCH, ROLLOUTS = 2, 2
