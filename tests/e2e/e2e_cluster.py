@@ -297,6 +297,7 @@ class Cluster(Kube):
             str(ENVSERVER_PORT),
             timeout=timeout,
         )
+        assert output.strip(), f"the freeze in {pod} printed nothing: its exec ended early"
         return int(json.loads(output.splitlines()[-1])["replays"])
 
     def dump(self, namespace: str) -> str:

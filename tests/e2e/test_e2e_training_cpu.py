@@ -58,6 +58,9 @@ DETECTION_S = max(
 
 def _pool(replicas: int = 1) -> dict[str, Any]:
     # 2x2 lakes where a plain move word counts: an untrained 135M model sometimes reaches the goal.
+    # More CPU than the suite's token requests: the CPU share of a server beside the trainer, so
+    # that its fast watchdog sees only the freeze (at 10m, a starved server missed its probes and
+    # the freeze's exec came back empty).
     return envpool_manifest(
         "lake",
         "frozen_lake",
@@ -65,6 +68,8 @@ def _pool(replicas: int = 1) -> dict[str, Any]:
         sessionsPerReplica=8,
         envConfig={"size": 2, "moves": "word"},
         watchdog=FAST_WATCHDOG,
+        resources={"requests": {"cpu": "50m", "memory": "128Mi"}},
+        router={"replicas": 1, "resources": {"requests": {"cpu": "20m", "memory": "64Mi"}}},
     )
 
 
