@@ -58,9 +58,9 @@ DETECTION_S = max(
 
 def _pool(replicas: int = 1) -> dict[str, Any]:
     # 2x2 lakes where a plain move word counts: an untrained 135M model sometimes reaches the goal.
-    # More CPU than the suite's token requests: the CPU share of a server beside the trainer, so
-    # that its fast watchdog sees only the freeze (at 10m, a starved server missed its probes and
-    # the freeze's exec came back empty).
+    # More CPU than the suite's token requests, for the CPU share of a server beside the trainer:
+    # at 10m, a starved server went past the router's dead window before the freeze, and the
+    # freeze's exec came back empty (one CI run).
     return envpool_manifest(
         "lake",
         "frozen_lake",
