@@ -366,6 +366,20 @@ def pool_counts(operator: Cluster, namespace: str, pool: str) -> tuple[float, fl
     return episodes, score
 
 
+def pool_restarts(operator: Cluster, namespace: str, pool: str) -> int:
+    """POOL's env-server pods the watchdog replaced, and containers the kubelet restarted: each
+    took its server's counts (`pool_counts`) with it."""
+    found = operator.get(gymkube_path("envpools", namespace, pool)) or {}
+    replaced = int(((found.get("status") or {}).get("restarts") or {}).get("count", 0))
+    pods = operator.list_objects(api_path("v1", "pods", namespace), envserver_selector(pool))
+    restarted = sum(
+        int(container.get("restartCount", 0))
+        for pod in pods
+        for container in (pod.get("status") or {}).get("containerStatuses") or []
+    )
+    return replaced + restarted
+
+
 def preflight_job(name: str, image: str, pull_policy: str, url: str, env: str) -> Object:
     """A Job running gymkube-preflight against URL from inside the cluster."""
     return {

@@ -29,6 +29,7 @@ from e2e_cluster import (
     kueue_queue,
     needs_controllers,
     node_directory,
+    pool_restarts,
     suspended_while_queued,
     wait_until,
 )
@@ -184,19 +185,6 @@ def _replays_counted(operator: Cluster, namespace: str) -> int:
         assert code == 200, f"/status of {pod}: {code} {status}"
         total += int(status.get("replays", 0))
     return total
-
-
-def _pool_restarts(operator: Cluster, namespace: str) -> int:
-    """Env-server pods the watchdog replaced, and containers the kubelet restarted."""
-    pool = operator.get(gymkube_path("envpools", namespace, "lake")) or {}
-    replaced = int(((pool.get("status") or {}).get("restarts") or {}).get("count", 0))
-    pods = operator.list_objects(api_path("v1", "pods", namespace), envserver_selector("lake"))
-    restarted = sum(
-        int(container.get("restartCount", 0))
-        for pod in pods
-        for container in (pod.get("status") or {}).get("containerStatuses") or []
-    )
-    return replaced + restarted
 
 
 def _upgrade_operator(operator: Cluster, settings: E2ESettings) -> None:
@@ -391,9 +379,9 @@ def _ride_out_every_fault(
     # watchdog replaced for another reason (a starved node) took its count with it.
     replays = sum(line["episodesReplayed"] for line in steps.values())
     counted = _replays_counted(operator, namespace) + replayed_on_frozen
-    pool_restarts = _pool_restarts(operator, namespace)
-    print(json.dumps({"e2e_replays": replays, "counted": counted, "restarts": pool_restarts}))
-    if pool_restarts == 1:
+    server_restarts = pool_restarts(operator, namespace, "lake")
+    print(json.dumps({"e2e_replays": replays, "counted": counted, "restarts": server_restarts}))
+    if server_restarts == 1:
         assert counted >= replays, steps
     elif replays:
         assert counted > 0, steps
