@@ -69,7 +69,16 @@ E2E_STATE=out/e2e/cluster.env
 state() { sed -n "s/^$1=//p" "$E2E_STATE" 2>/dev/null; }
 
 prepare() {
-	local cluster started_here=false kubeconfig builds
+	local cluster started_here=false kubeconfig builds=
+	if [[ ${GYMKUBE_E2E_CLUSTER:-auto} == auto || $GYMKUBE_E2E_CLUSTER == kind ]]; then
+		# The Go builds of Cilium, the controllers and the registry (the longest part with cold
+		# caches) take the cores while the node image (which choosing kind builds when there is
+		# none) and the cluster wait on the network and the disk; the node's own tools first, so
+		# that the node image does not wait behind them.
+		hack/build-tools.sh "${KIND_NODE_TOOLS[@]}"
+		hack/build-tools.sh cilium kuberay kueue registry &
+		builds=$!
+	fi
 	cluster=$(choose_cluster)
 	say "cluster: $cluster"
 	if [[ $cluster == kind ]]; then
@@ -81,12 +90,7 @@ prepare() {
 	mkdir -p "$(dirname "$E2E_STATE")"
 	printf 'cluster=%s\nstarted_here=%s\n' "$cluster" "$started_here" >"$E2E_STATE"
 	if [[ $cluster == kind ]]; then
-		# The Go builds of Cilium, the controllers and the registry (the longest part with cold
-		# caches) take the cores while the node image and the cluster wait on the network and the
-		# disk; the node's own tools first, so that the node image does not wait behind them.
-		hack/build-tools.sh "${KIND_NODE_TOOLS[@]}"
-		hack/build-tools.sh cilium kuberay kueue registry &
-		builds=$!
+		[[ -n $builds ]] || { hack/build-tools.sh cilium kuberay kueue registry & builds=$!; }
 		kubeconfig=$(hack/kind-up.sh "${images[@]}")
 		wait "$builds"
 		# Cilium as kind's CNI, so the pools' NetworkPolicies are enforced as on a user's cluster
@@ -97,6 +101,7 @@ prepare() {
 		hack/local-cluster.sh up
 		hack/local-cluster.sh load-image "${images[@]}"
 		kubeconfig=$(hack/local-cluster.sh kubeconfig)
+		[[ -z $builds ]] || wait "$builds"
 	fi
 	printf 'kubeconfig=%s\n' "$kubeconfig" >>"$E2E_STATE"
 	# The GPU cluster's controllers, for the runs that queue in Kueue and train as a RayJob.
