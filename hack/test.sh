@@ -25,6 +25,13 @@ stop() {
 }
 trap stop EXIT
 
+# What the e2e suite writes while it runs (the kind node's copies of the images, the registry's,
+# the pods, Ray's spill), on top of the caches; from empty caches the Go builds add about 17 GB.
+E2E_DISK_GB=35
+free_gb=$(df -P -BG "$(timeout 10 docker info --format '{{.DockerRootDir}}' 2>/dev/null || echo /)" | awk 'NR == 2 {print int($4)}')
+if ((free_gb < E2E_DISK_GB)); then
+	say "warning: ${free_gb} GB of disk free where Docker keeps its data; the e2e suite needs about ${E2E_DISK_GB} GB, and a full disk shows up as trainers failing in Ray"
+fi
 say "readying the e2e cluster beside pytest (log: $PREPARE_LOG)"
 # shellcheck disable=SC2016 # expanded by the inner bash
 setsid bash -c '"$1" --no-print-directory images && hack/test-e2e.sh prepare &&
