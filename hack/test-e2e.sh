@@ -70,7 +70,7 @@ state() { sed -n "s/^$1=//p" "$E2E_STATE" 2>/dev/null; }
 
 prepare() {
 	local cluster started_here=false kubeconfig builds=
-	if [[ ${GYMKUBE_E2E_CLUSTER:-auto} == auto || $GYMKUBE_E2E_CLUSTER == kind ]]; then
+	if [[ ${GYMKUBE_E2E_CLUSTER:-auto} != local ]]; then
 		# The Go builds of Cilium, the controllers and the registry (the longest part with cold
 		# caches) take the cores while the node image (which choosing kind builds when there is
 		# none) and the cluster wait on the network and the disk; the node's own tools first, so
@@ -90,7 +90,6 @@ prepare() {
 	mkdir -p "$(dirname "$E2E_STATE")"
 	printf 'cluster=%s\nstarted_here=%s\n' "$cluster" "$started_here" >"$E2E_STATE"
 	if [[ $cluster == kind ]]; then
-		[[ -n $builds ]] || { hack/build-tools.sh cilium kuberay kueue registry & builds=$!; }
 		kubeconfig=$(hack/kind-up.sh "${images[@]}")
 		wait "$builds"
 		# Cilium as kind's CNI, so the pools' NetworkPolicies are enforced as on a user's cluster
