@@ -28,8 +28,13 @@ trap stop EXIT
 # What the e2e suite writes while it runs (the kind node's copies of the images, the registry's,
 # the pods, Ray's spill), on top of the caches; from empty caches the Go builds add about 17 GB.
 E2E_DISK_GB=35
-free_gb=$(df -P -BG "$(timeout 10 docker info --format '{{.DockerRootDir}}' 2>/dev/null || echo /)" | awk 'NR == 2 {print int($4)}')
-if ((free_gb < E2E_DISK_GB)); then
+# Docker may not run yet (the readying starts it): then its default data root, or the nearest
+# folder above it that exists.
+docker_root=$(timeout 10 docker info --format '{{.DockerRootDir}}' 2>/dev/null || true)
+docker_root=${docker_root:-/var/lib/docker}
+while [[ ! -d $docker_root ]]; do docker_root=$(dirname "$docker_root"); done
+free_gb=$(df -P -BG "$docker_root" | awk 'NR == 2 {print int($4)}')
+if ((${free_gb:-0} < E2E_DISK_GB)); then
 	say "warning: ${free_gb} GB of disk free where Docker keeps its data; the e2e suite needs about ${E2E_DISK_GB} GB, and a full disk shows up as trainers failing in Ray"
 fi
 say "readying the e2e cluster beside pytest (log: $PREPARE_LOG)"
