@@ -28,6 +28,10 @@ for tool in "${ALL_TOOLS[@]}"; do [[ " ${ON_REQUEST_TOOLS[*]} " == *" $tool "* ]
 JOBS=${GYMKUBE_BUILD_JOBS:-2}
 SRC_DIR=$GYMKUBE_CACHE/src
 SCRATCH_DIR=$GYMKUBE_CACHE/scratch
+# Go's build cache, unless the caller chose GOCACHE: removed once every tool is built, since the
+# binaries are what is kept and from empty caches these builds leave about 17 GB there, room the e2e
+# cluster needs (the suite asks for the last tools while it readies the cluster).
+GO_BUILD_CACHE=$GYMKUBE_CACHE/go-build
 
 log() { printf 'build-tools: %s\n' "$*" >&2; }
 die() {
@@ -269,6 +273,7 @@ main() {
 	flock 9
 	rm -rf "$SCRATCH_DIR"
 	mkdir -p "$SCRATCH_DIR"
+	export GOCACHE=${GOCACHE:-$GO_BUILD_CACHE}
 
 	for tool in "${requested[@]}"; do
 		is_current "$tool" && continue
@@ -296,6 +301,10 @@ main() {
 		is_current "$tool" || die "$tool was built but does not report $(expected_version "$tool")"
 	done
 	log "built ${stale[*]} in $((SECONDS - start))s"
+	if [[ $GOCACHE == "$GO_BUILD_CACHE" ]] && all_current "${ALL_TOOLS[@]}"; then
+		log "every tool is built; removing Go's build cache ($GO_BUILD_CACHE)"
+		rm -rf "$GO_BUILD_CACHE"
+	fi
 }
 
 main "$@"

@@ -17,6 +17,12 @@ gobuild_tool() {
   fi
   mkdir -p "${dir}/src"
   (
+    # Go's build cache in a scratch folder removed when this build ends (as hack/build-tools.sh does).
+    if [[ -z "${GOCACHE:-}" ]]; then
+      GOCACHE="$(mktemp -d "${GYMKUBE_CACHE}/go-build-${name}.XXXXXX")"
+      export GOCACHE
+      trap 'rm -rf "${GOCACHE}"' EXIT
+    fi
     cd "${dir}/src"
     [[ -f go.mod ]] || go mod init "gymkube.local/build/${name}" >/dev/null 2>&1
     go get "${module}@${version}" >&2
