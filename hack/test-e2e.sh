@@ -72,9 +72,9 @@ prepare() {
 	local cluster started_here=false kubeconfig builds=
 	if [[ ${GYMKUBE_E2E_CLUSTER:-auto} != local ]]; then
 		# The Go builds of Cilium, the controllers and the registry (the longest part with cold
-		# caches) take the cores while the node image (which choosing kind builds when there is
-		# none) and the cluster wait on the network and the disk; the node's own tools first, so
-		# that the node image does not wait behind them.
+		# caches) run beside the node image (which choosing kind builds when there is none) and the
+		# cluster; the node's own tools first, so that the node image does not wait behind them.
+		# Cold, the cores are busy throughout, so this moves time more than it saves it.
 		hack/build-tools.sh "${KIND_NODE_TOOLS[@]}"
 		hack/build-tools.sh cilium kuberay kueue registry &
 		builds=$!

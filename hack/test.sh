@@ -26,7 +26,7 @@ stop() {
 trap stop EXIT
 
 # What the e2e suite writes while it runs (the kind node's copies of the images, the registry's,
-# the pods, Ray's spill), on top of the caches; from empty caches the Go builds add about 17 GB.
+# the pods, Ray's spill), on top of the caches (hack/build-tools.sh removes Go's build cache before).
 E2E_DISK_GB=35
 # Docker may not run yet (the readying starts it): then its default data root, or the nearest
 # folder above it that exists.
